@@ -1,0 +1,40 @@
+# stormguard — the two commands: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test lint types unit demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+$(VENV)/.bench-installed: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(VENV)/.bench-installed
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+types: $(STAMP)
+	$(BIN)/mypy src
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest
+
+test: lint types unit
+
+demo: $(STAMP)
+	$(BIN)/stormguard demo
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

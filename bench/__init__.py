@@ -1,0 +1,1 @@
+"""stormguard benchmarks: ``python -m bench [NAME ...]`` (or ``make bench``)."""

@@ -1,0 +1,39 @@
+"""Run the benchmarks: ``python -m bench`` runs all, ``python -m bench retry limiters``.
+
+Each benchmark module has ``main(quick: bool) -> None`` and prints its figures as
+ratios against the peer libraries measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {
+    "retry": "bench.bench_retry",
+    "headers": "bench.bench_headers",
+    "breaker": "bench.bench_breaker",
+    "limiters": "bench.bench_limiters",
+    "sim": "bench.bench_sim",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    args = parser.parse_args()
+    for name in args.names or list(BENCHMARKS):
+        try:
+            module = importlib.import_module(BENCHMARKS[name])
+        except ModuleNotFoundError as exc:
+            if exc.name == BENCHMARKS[name]:
+                print(f"[{name}] not written yet, skipped")
+                continue
+            raise
+        print(f"\n=== {name} ===")
+        module.main(quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The exception tree of stormguard.
+
+Every error that stormguard raises on purpose derives from :class:`StormguardError`::
+
+    StormguardError
+     ├── ConfigError (also ValueError)      invalid configuration, raised at construction
+     ├── MissingExtra (also ImportError)    an optional dependency is not installed
+     ├── RetryError                         a retrying call gave up; carries why
+     ├── CircuitOpen                        a circuit breaker refused the call
+     ├── BulkheadFull                       no concurrency slot within max_wait
+     ├── RateLimited                        a limiter or a shared cooldown refused the call
+     ├── StoreError                         a shared store (Redis) failed; mapped at the boundary
+     └── ScenarioError (also ValueError)    a mock-server scenario file is invalid
+
+Errors of third-party libraries (redis-py, httpx, requests) are mapped to these at
+the boundary where stormguard calls them; the exception the caller's own function
+raises is never wrapped except by :class:`RetryError`, which keeps it as
+``last_exception`` and ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BulkheadFull",
+    "CircuitOpen",
+    "ConfigError",
+    "MissingExtra",
+    "RateLimited",
+    "RetryError",
+    "ScenarioError",
+    "StoreError",
+    "StormguardError",
+]
+
+
+class StormguardError(Exception):
+    """Base class of every error stormguard raises on purpose."""
+
+
+class ConfigError(StormguardError, ValueError):
+    """Invalid configuration. The message names the field and the allowed range."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class MissingExtra(StormguardError, ImportError):
+    """An optional dependency is missing; the message names the extra that fixes it."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{module!r} is not installed; install it with: pip install 'stormguard[{extra}]'"
+        )
+
+
+class RetryError(StormguardError):
+    """A retrying call stopped without success.
+
+    ``reason`` is one of the :class:`stormguard.GiveUpReason` values (``"attempts
+    exhausted"``, ``"deadline"``, ``"hint too long"``, ``"not retryable"``, ``"retry
+    budget exhausted"``, ``"circuit open"``). ``last_exception`` is the exception of
+    the last attempt (``None`` when the last attempt returned a value judged a
+    failure, kept in ``last_result``). ``hint`` is the server-advised wait in seconds
+    when one was seen.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        attempts: int,
+        last_exception: BaseException | None = None,
+        last_result: Any = None,
+        hint: float | None = None,
+    ) -> None:
+        self.reason = reason
+        self.attempts = attempts
+        self.last_exception = last_exception
+        self.last_result = last_result
+        self.hint = hint
+        detail = f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {reason}"
+        if hint is not None:
+            detail += f" (server asked to wait {hint:.3f}s)"
+        if last_exception is not None:
+            detail += f"; last error: {type(last_exception).__name__}: {last_exception}"
+        super().__init__(detail)
+
+
+class CircuitOpen(StormguardError):
+    """A circuit breaker refused the call; ``remaining`` seconds until it half-opens."""
+
+    def __init__(self, name: str | None, remaining: float) -> None:
+        self.name = name
+        self.remaining = remaining
+        label = f"circuit {name!r}" if name else "circuit"
+        super().__init__(f"{label} is open; retry in {remaining:.3f}s")
+
+
+class BulkheadFull(StormguardError):
+    """No concurrency slot became free within the bulkhead's ``max_wait``."""
+
+    def __init__(self, limit: int, waited: float) -> None:
+        self.limit = limit
+        self.waited = waited
+        super().__init__(f"bulkhead full ({limit} in flight); waited {waited:.3f}s")
+
+
+class RateLimited(StormguardError):
+    """A limiter or a shared cooldown refused the call; retry after ``retry_after`` s."""
+
+    def __init__(self, retry_after: float, message: str | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message or f"rate limited; retry after {retry_after:.3f}s")
+
+
+class StoreError(StormguardError):
+    """A shared store failed (connection refused, timeout, script error)."""
+
+
+class ScenarioError(StormguardError, ValueError):
+    """A mock scenario is invalid; the message names file, line and field path."""

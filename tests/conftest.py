@@ -1,0 +1,163 @@
+"""Shared fixtures: a fake clock, a seeded RNG, and a real Redis server.
+
+Redis: ``REDIS_URL`` when set; otherwise the session starts ``redis-server`` on a
+free port in a temporary directory; otherwise Redis tests skip — unless
+``STORMGUARD_REQUIRE_REDIS=1``, which makes a missing Redis fail the run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from stormguard.testing import FakeClock
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock starting at t=1000 (monotonic)."""
+    return FakeClock(1000.0)
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    """A seeded random generator."""
+    return random.Random(1234)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class RedisServer:
+    """A Redis server the tests may use; ``process`` is set when the session owns it."""
+
+    url: str
+    host: str
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    workdir: str | None = None
+
+    def stop(self) -> None:
+        """Stop the server (only one this session started)."""
+        if self.process is None:
+            raise RuntimeError("this Redis was not started by the tests")
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+    def start(self) -> None:
+        """(Re)start the server this session owns, on the same port."""
+        assert self.workdir is not None
+        self.process = _spawn_redis(self.port, self.workdir)
+
+
+def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise FileNotFoundError("redis-server")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if _ping("127.0.0.1", port):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"redis-server did not start on port {port}")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("STORMGUARD_REQUIRE_REDIS") == "1":
+        pytest.fail(f"Redis is required (STORMGUARD_REQUIRE_REDIS=1) but {reason}")
+    pytest.skip(f"no Redis: {reason}")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The shared Redis server: REDIS_URL, else one started for the session."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        from urllib.parse import urlparse
+
+        parsed = urlparse(url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+        if not _ping(host, port, timeout=2):
+            _unavailable(f"REDIS_URL={url} does not answer PING")
+        yield RedisServer(url=url, host=host, port=port)
+        return
+    server = _owned_redis_or_skip()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.process.terminate()
+            server.process.wait(timeout=10)
+        if server.workdir:
+            shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+def _owned_redis_or_skip() -> RedisServer:
+    port = _free_port()
+    workdir = tempfile.mkdtemp(prefix="stormguard-redis-")
+    try:
+        proc = _spawn_redis(port, workdir)
+    except (FileNotFoundError, RuntimeError) as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        _unavailable(f"could not start redis-server ({exc})")
+        raise  # unreachable: _unavailable raises
+    return RedisServer(
+        url=f"redis://127.0.0.1:{port}/0", host="127.0.0.1", port=port,
+        process=proc, workdir=workdir,
+    )
+
+
+@pytest.fixture
+def owned_redis() -> Iterator[RedisServer]:
+    """A private redis-server that the test may stop and restart (outage tests)."""
+    server = _owned_redis_or_skip()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.process.terminate()
+            server.process.wait(timeout=10)
+        if server.workdir:
+            shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of the shared Redis server."""
+    return redis_server.url
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A unique key prefix so tests sharing one Redis never collide."""
+    return f"sgtest:{uuid.uuid4().hex[:12]}:"
