@@ -1,0 +1,430 @@
+# The circuit breaker as a pure state machine.
+#
+# BreakerCore never reads the clock, never sleeps, never locks: every method takes
+# `now` (seconds on any monotonic scale) and, where it draws, an RNG. The runtime
+# CircuitBreaker (protection/_breaker.py) holds a lock around these O(1) calls and
+# runs the protected call outside it; the simulator drives the same object in
+# virtual time; the Redis scripts (stores/lua/breaker_*.lua) implement the same
+# table over a hash.
+#
+# States and the rules that move between them
+# -------------------------------------------
+#
+#   CLOSED     every call is admitted and its outcome lands in the window.
+#              Event TRIP: the window holds at least `min_calls` outcomes and the
+#              share of failures (a slow call, duration >= slow_call, counts as a
+#              failure) is >= `failure_rate`                         -> OPEN
+#   OPEN       every call is refused with the time left. The open time is
+#              open_for * 2**reopens, capped at open_for_max, and shortened by a
+#              random share of at most `jitter` so that a fleet that tripped
+#              together does not probe together. `reopens` counts consecutive
+#              re-opens from half-open and goes back to 0 when the circuit closes.
+#              Event OPEN_ELAPSED: now >= open_until                 -> HALF_OPEN
+#   HALF_OPEN  at most `half_open_probes` calls are admitted per half-open episode
+#              (so never more at once); each holds a lease of `probe_lease`
+#              seconds. Others are refused.
+#              Event PROBE_SUCCEEDED, once all `half_open_probes` succeeded -> CLOSED
+#              Event PROBE_FAILED: any probe fails                   -> OPEN (reopens+1)
+#              Event LEASE_EXPIRED: a probe did not report within its lease (it
+#              hung): counted as a failed probe                      -> OPEN (reopens+1)
+#   any        Event FORCE_OPEN: open until reset() (remaining is infinite) -> OPEN
+#   any        Event RESET: empty window, reopens = 0               -> CLOSED
+#
+# Every transition bumps `generation`. An Admission carries the generation it was
+# granted in; record() ignores an outcome from an older generation: a slow call
+# admitted while closed that fails after the circuit opened, or a probe whose
+# lease already expired, changes nothing.
+#
+# Time-based window: `buckets` buckets of window/buckets seconds in a ring, with
+# running totals; a call touches one bucket, clearing the ones it skipped (at most
+# `buckets`, so O(1)). Count-based window: a ring buffer of the last `window`
+# outcomes with a running failure count.
+#
+# An illegal transition (a table miss) raises IllegalTransition and changes nothing.
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = [
+    "CLOSED",
+    "HALF_OPEN",
+    "OPEN",
+    "Admission",
+    "BreakerConfig",
+    "BreakerCore",
+    "BreakerState",
+    "IllegalTransition",
+    "TRANSITIONS",
+]
+
+BreakerState = Literal["closed", "open", "half_open"]
+WindowKind = Literal["time", "count"]
+
+CLOSED: Final = "closed"
+OPEN: Final = "open"
+HALF_OPEN: Final = "half_open"
+
+# (state, event) -> next state. Anything missing is illegal.
+TRANSITIONS: Final[dict[tuple[BreakerState, str], BreakerState]] = {
+    (CLOSED, "trip"): OPEN,
+    (OPEN, "open_elapsed"): HALF_OPEN,
+    (HALF_OPEN, "probe_succeeded"): CLOSED,
+    (HALF_OPEN, "probe_failed"): OPEN,
+    (HALF_OPEN, "lease_expired"): OPEN,
+    (CLOSED, "force_open"): OPEN,
+    (OPEN, "force_open"): OPEN,
+    (HALF_OPEN, "force_open"): OPEN,
+    (CLOSED, "reset"): CLOSED,
+    (OPEN, "reset"): CLOSED,
+    (HALF_OPEN, "reset"): CLOSED,
+}
+
+
+class IllegalTransition(RuntimeError):
+    """An event that the transition table does not allow in the current state."""
+
+
+def _number(value: object) -> float:
+    # Accept float | int | timedelta for durations, normalised once.
+    total_seconds = getattr(value, "total_seconds", None)
+    if total_seconds is not None:
+        return float(total_seconds())
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Validated breaker settings (durations in seconds)."""
+
+    failure_rate: float = 0.5
+    min_calls: int = 10
+    window: float = 30.0
+    window_kind: WindowKind = "time"
+    buckets: int = 10
+    open_for: float = 5.0
+    open_for_max: float = 300.0
+    half_open_probes: int = 1
+    probe_lease: float = 30.0
+    slow_call: float | None = None
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("window", "open_for", "open_for_max", "probe_lease", "failure_rate"):
+            object.__setattr__(self, name, _number(getattr(self, name)))
+        if self.slow_call is not None:
+            object.__setattr__(self, "slow_call", _number(self.slow_call))
+        _check(0.0 < self.failure_rate <= 1.0, "failure_rate", "must be in (0, 1]")
+        _check(self.min_calls >= 1, "min_calls", "must be >= 1")
+        _check(self.window_kind in ("time", "count"), "window_kind", "'time' or 'count'")
+        _check(self.window > 0 and math.isfinite(self.window), "window", "must be > 0")
+        if self.window_kind == "count":
+            _check(self.window == int(self.window), "window", "a count window is whole calls")
+        _check(self.buckets >= 1, "buckets", "must be >= 1")
+        _check(self.open_for > 0, "open_for", "must be > 0")
+        _check(self.open_for_max >= self.open_for, "open_for_max", "must be >= open_for")
+        _check(self.half_open_probes >= 1, "half_open_probes", "must be >= 1")
+        _check(self.probe_lease > 0, "probe_lease", "must be > 0")
+        _check(self.slow_call is None or self.slow_call > 0, "slow_call", "must be > 0")
+        _check(0.0 <= self.jitter < 1.0, "jitter", "must be in [0, 1)")
+
+    def open_duration(self, reopens: int, draw: float) -> float:
+        """open_for * 2**reopens, capped at open_for_max, shortened by jitter*draw."""
+        base = self.open_for * 2.0 ** min(reopens, 64)
+        return min(base, self.open_for_max) * (1.0 - self.jitter * draw)
+
+
+def _check(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        # ValueError here; the runtime maps it to ConfigError (core imports nothing).
+        raise ValueError(f"{field}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The breaker's answer to "may this call run?".
+
+    ``remaining`` is the time until the breaker may admit again when refused (0.0
+    when allowed). ``lease_until`` is when a probe's lease expires.
+    """
+
+    allowed: bool
+    probe: bool
+    generation: int
+    remaining: float = 0.0
+    lease_until: float = 0.0
+
+
+class BreakerCore:
+    """Closed/open/half-open decisions from outcomes and ``now``. Not thread-safe."""
+
+    __slots__ = (
+        "_admit_closed",
+        "_calls",
+        "_calls_total",
+        "_fail_ring",
+        "_fails",
+        "_fails_total",
+        "_forced",
+        "_idx",
+        "_inv_width",
+        "_jitter_pending",
+        "_leases",
+        "_n_buckets",
+        "_open_until",
+        "_opened_for",
+        "_pos",
+        "_probes_admitted",
+        "_probes_succeeded",
+        "_slow",
+        "_state",
+        "config",
+        "generation",
+        "reopens",
+    )
+
+    def __init__(
+        self,
+        *,
+        failure_rate: float = 0.5,
+        min_calls: int = 10,
+        window: float = 30.0,
+        window_kind: WindowKind = "time",
+        buckets: int = 10,
+        open_for: float = 5.0,
+        open_for_max: float = 300.0,
+        half_open_probes: int = 1,
+        probe_lease: float = 30.0,
+        slow_call: float | None = None,
+        jitter: float = 0.1,
+    ) -> None:
+        self._setup(
+            BreakerConfig(
+                failure_rate=failure_rate,
+                min_calls=min_calls,
+                window=window,
+                window_kind=window_kind,
+                buckets=buckets,
+                open_for=open_for,
+                open_for_max=open_for_max,
+                half_open_probes=half_open_probes,
+                probe_lease=probe_lease,
+                slow_call=slow_call,
+                jitter=jitter,
+            )
+        )
+
+    @classmethod
+    def from_config(cls, config: BreakerConfig) -> BreakerCore:
+        """A core for an already validated config."""
+        core = cls.__new__(cls)
+        core._setup(config)
+        return core
+
+    def _setup(self, config: BreakerConfig) -> None:
+        self.config = config
+        self._slow = config.slow_call
+        self._state: BreakerState = CLOSED
+        self.generation = 0
+        self.reopens = 0
+        self._forced = False
+        self._open_until = 0.0
+        self._opened_for = 0.0
+        self._jitter_pending = False
+        self._leases: list[float] = []
+        self._probes_admitted = 0
+        self._probes_succeeded = 0
+        self._admit_closed = Admission(True, False, 0)
+        if config.window_kind == "time":
+            self._n_buckets = config.buckets
+            self._inv_width = config.buckets / config.window
+        else:
+            self._n_buckets = int(config.window)
+            self._inv_width = 0.0
+        self._clear_window()
+
+    def _clear_window(self) -> None:
+        self._calls = [0] * self._n_buckets
+        self._fails = [0] * self._n_buckets
+        self._fail_ring = [False] * self._n_buckets
+        self._calls_total = 0
+        self._fails_total = 0
+        self._idx = -1  # time window: absolute bucket number of the newest bucket
+        self._pos = 0  # count window: next slot in the ring
+
+    # -- transitions ---------------------------------------------------------------
+
+    def _fire(self, event: str, now: float) -> None:
+        try:
+            target = TRANSITIONS[(self._state, event)]
+        except KeyError:
+            raise IllegalTransition(f"event {event!r} in state {self._state!r}") from None
+        if target == OPEN:
+            if event == "force_open":
+                self._forced = True
+                self._open_until = math.inf
+            else:
+                if event != "trip":
+                    self.reopens += 1
+                self._opened_for = self.config.open_duration(self.reopens, 0.0)
+                self._open_until = now + self._opened_for
+                self._jitter_pending = self.config.jitter > 0.0
+        elif target == HALF_OPEN:
+            self._leases.clear()
+            self._probes_admitted = 0
+            self._probes_succeeded = 0
+        else:  # CLOSED
+            self.reopens = 0
+            self._forced = False
+            self._clear_window()
+        self._state = target
+        self.generation += 1
+        self._admit_closed = Admission(True, False, self.generation)
+
+    def _advance(self, now: float) -> None:
+        # Transitions that happen by the passage of time alone.
+        state = self._state
+        if state == OPEN:
+            if now >= self._open_until:
+                self._fire("open_elapsed", now)
+        elif state == HALF_OPEN and self._leases and min(self._leases) <= now:
+            self._fire("lease_expired", now)
+
+    # -- the interface ---------------------------------------------------------------
+
+    def try_acquire(self, now: float, rng: random.Random) -> Admission:
+        """Admit or refuse one call at ``now``; probes in half-open hold a lease."""
+        if self._state == CLOSED:
+            return self._admit_closed
+        if self._jitter_pending:
+            # The jitter is drawn here (record() has no RNG); it only shortens the
+            # open time, so nobody was refused on a deadline that moves later.
+            self._jitter_pending = False
+            cut = self._opened_for * self.config.jitter * rng.random()
+            self._open_until -= cut
+        self._advance(now)
+        if self._state == HALF_OPEN:
+            if self._probes_admitted < self.config.half_open_probes:
+                self._probes_admitted += 1
+                lease_until = now + self.config.probe_lease
+                self._leases.append(lease_until)
+                return Admission(True, True, self.generation, 0.0, lease_until)
+            # Refused until a probe reports; at the latest when the first lease ends.
+            remaining = max(0.0, min(self._leases) - now) if self._leases else 0.0
+            return Admission(False, False, self.generation, remaining)
+        # OPEN (time alone never closes a breaker).
+        return Admission(False, False, self.generation, max(0.0, self._open_until - now))
+
+    def record(
+        self, now: float, admission: Admission, *, failure: bool, duration: float = 0.0
+    ) -> None:
+        """Record the outcome of an admitted call; stale generations are ignored."""
+        if admission.generation != self.generation or not admission.allowed:
+            self._advance(now)
+            return
+        slow = self._slow
+        if slow is not None and duration >= slow:
+            failure = True
+        if self._state == CLOSED:
+            self._count(now, failure)
+            cfg = self.config
+            if (
+                self._fails_total
+                and self._calls_total >= cfg.min_calls
+                and self._fails_total >= cfg.failure_rate * self._calls_total
+            ):
+                self._fire("trip", now)
+            return
+        if self._state == HALF_OPEN and admission.probe:
+            try:
+                self._leases.remove(admission.lease_until)
+            except ValueError:
+                pass
+            if failure:
+                self._fire("probe_failed", now)
+                return
+            self._probes_succeeded += 1
+            if self._probes_succeeded >= self.config.half_open_probes:
+                self._fire("probe_succeeded", now)
+                return
+            self._advance(now)
+
+    def _count(self, now: float, failure: bool) -> None:
+        if self._inv_width:
+            idx = int(now * self._inv_width)
+            n = self._n_buckets
+            if idx != self._idx:
+                if idx > self._idx:
+                    # Clear the buckets skipped since the newest one (at most n).
+                    calls, fails = self._calls, self._fails
+                    for i in range(max(self._idx + 1, idx - n + 1), idx + 1):
+                        j = i % n
+                        self._calls_total -= calls[j]
+                        self._fails_total -= fails[j]
+                        calls[j] = 0
+                        fails[j] = 0
+                    self._idx = idx
+                else:
+                    idx = self._idx  # the clock went backwards: count it as newest
+            j = idx % n
+            self._calls[j] += 1
+            self._calls_total += 1
+            if failure:
+                self._fails[j] += 1
+                self._fails_total += 1
+        else:
+            ring = self._fail_ring
+            pos = self._pos
+            if self._calls_total == self._n_buckets:
+                if ring[pos]:
+                    self._fails_total -= 1
+            else:
+                self._calls_total += 1
+            ring[pos] = failure
+            if failure:
+                self._fails_total += 1
+            self._pos = (pos + 1) % self._n_buckets
+
+    def state(self, now: float) -> BreakerState:
+        """The state at ``now`` (applies the transitions due by time alone)."""
+        if self._state != CLOSED:
+            self._advance(now)
+        return self._state
+
+    def remaining(self, now: float) -> float:
+        """Seconds until an open breaker half-opens (0.0 when not open)."""
+        if self.state(now) != OPEN:
+            return 0.0
+        return max(0.0, self._open_until - now)
+
+    def window_counts(self, now: float) -> tuple[int, int]:
+        """(calls, failures) currently in the window."""
+        if self._inv_width and self._idx >= 0 and int(now * self._inv_width) > self._idx:
+            # Age the window without recording anything.
+            idx = int(now * self._inv_width)
+            n = self._n_buckets
+            for i in range(max(self._idx + 1, idx - n + 1), idx + 1):
+                j = i % n
+                self._calls_total -= self._calls[j]
+                self._fails_total -= self._fails[j]
+                self._calls[j] = 0
+                self._fails[j] = 0
+            self._idx = idx
+        return self._calls_total, self._fails_total
+
+    @property
+    def forced(self) -> bool:
+        """True while held open by force_open()."""
+        return self._forced
+
+    def force_open(self, now: float) -> None:
+        """Open and stay open until reset()."""
+        self._fire("force_open", now)
+
+    def reset(self, now: float) -> None:
+        """Close, empty the window and forget consecutive re-opens."""
+        self._fire("reset", now)
