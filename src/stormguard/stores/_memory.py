@@ -1,0 +1,136 @@
+# In-process store: a dict of per-key states behind one lock.
+#
+# Bounded memory: at most `max_keys` keys. Each write refreshes the key's LRU
+# position and its expiry (the algorithm's reset_after: past it the state equals a
+# fresh one, so dropping it changes no decision). Reads treat an expired key as
+# fresh, every write also drops up to two expired keys from the cold end, and when
+# the store is full the least recently used key is evicted. Evicting a live key
+# forgets that client's usage (it starts fresh): the documented cost of the cap.
+#
+# The lock is a threading.Lock held only for dict work and the pure step (never
+# across I/O or an await), so the same store is safe for threads and for asyncio
+# tasks, including async limiters running in several event loops at once.
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import ConfigError
+from ..core._limiters import Concurrency, Decision, LimitRequest, decide_group
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Limiter state in this process: thread- and asyncio-safe, bounded, clock-injected.
+
+    ``max_keys`` (default 100 000) caps the number of keys; beyond it the least
+    recently used key is evicted. Expired keys are dropped as they are met.
+    ``clock`` supplies ``monotonic()`` (default: the system clock).
+    """
+
+    __slots__ = ("_data", "_lock", "clock", "instances", "max_keys")
+
+    def __init__(
+        self, *, max_keys: int = 100_000, clock: Clock | None = None, instances: int = 1
+    ) -> None:
+        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
+            raise ConfigError("max_keys", f"must be an integer >= 1, got {max_keys!r}")
+        self.max_keys = max_keys
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        self.instances = instances
+        self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(max_keys={self.max_keys}, keys={len(self._data)})"
+
+    def key(self, *parts: str) -> str:
+        """The internal key of ``parts`` (``"name\\x00key"``)."""
+        return "\x00".join(parts)
+
+    def _get(self, key: str, now: float) -> Any:
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= now:
+            del self._data[key]
+            return None
+        return entry[1]
+
+    def _put(self, key: str, state: Any, ttl: float, now: float) -> None:
+        data = self._data
+        if ttl <= 0:
+            data.pop(key, None)
+            return
+        data[key] = (now + ttl, state)
+        data.move_to_end(key)
+        for _ in range(2):  # drop expired keys from the cold end, a little per write
+            oldest = next(iter(data))
+            if data[oldest][0] > now:
+                break
+            del data[oldest]
+        while len(data) > self.max_keys:
+            data.popitem(last=False)
+
+    def decide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
+        """Decide several limits at once, all or nothing."""
+        keys = [self.key(r.name, r.key) for r in requests]
+        with self._lock:
+            now = self.clock.monotonic()
+            states = [self._get(k, now) for k in keys]
+            new_states, decisions = decide_group(requests, states, now)
+            if new_states is not None:
+                for key, state, decision in zip(keys, new_states, decisions):
+                    self._put(key, state, decision.reset_after, now)
+        return decisions
+
+    async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
+        """:meth:`decide` for async limiters (never blocks the loop on I/O)."""
+        return self.decide(requests)
+
+    def release(self, request: LimitRequest) -> None:
+        """Give back a concurrency lease (no-op when it has expired already)."""
+        self._lease_op(request, renew=False)
+
+    async def arelease(self, request: LimitRequest) -> None:
+        """:meth:`release` for async limiters."""
+        self._lease_op(request, renew=False)
+
+    def renew(self, request: LimitRequest) -> bool:
+        """Extend a concurrency lease; ``False`` when it had expired already."""
+        return self._lease_op(request, renew=True)
+
+    async def arenew(self, request: LimitRequest) -> bool:
+        """:meth:`renew` for async limiters."""
+        return self._lease_op(request, renew=True)
+
+    def _lease_op(self, request: LimitRequest, *, renew: bool) -> bool:
+        algorithm = request.algorithm
+        if not isinstance(algorithm, Concurrency):
+            return False
+        key = self.key(request.name, request.key)
+        with self._lock:
+            now = self.clock.monotonic()
+            state = self._get(key, now)
+            if renew:
+                state, ttl, found = algorithm.renew(state, request.lease, now)
+            else:
+                (state, ttl), found = algorithm.release(state, request.lease, now), True
+            self._put(key, state, ttl, now)
+        return found
+
+    def close(self) -> None:
+        """Forget every key."""
+        with self._lock:
+            self._data.clear()
+
+    async def aclose(self) -> None:
+        """:meth:`close` for async callers."""
+        self.close()

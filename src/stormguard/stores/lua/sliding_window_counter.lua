@@ -1,0 +1,46 @@
+-- Sliding window counter: hash {w = window index, p = previous, c = current};
+-- p1 = limit, p2 = window. used = p * (1 - elapsed/window) + c.
+local function swc_reset(window, prev, curr, elapsed)
+  if curr > 0 then return 2 * window - elapsed end
+  if prev > 0 then return window - elapsed end
+  return 0
+end
+
+ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease, write)
+  local state = redis.call('HMGET', key, 'w', 'p', 'c')
+  local index = math.floor((now + EPS) / window)
+  local w = tonumber(state[1])
+  local prev, curr = 0, 0
+  if w ~= nil then
+    if w > index then index = w end
+    if w == index then
+      prev, curr = tonumber(state[2]) or 0, tonumber(state[3]) or 0
+    elseif w == index - 1 then
+      prev = tonumber(state[3]) or 0
+    end
+  end
+  local elapsed = math.min(window, math.max(0, now - index * window))
+  local used = prev * (1 - elapsed / window) + curr
+  if cost > limit then
+    return false, limit - used, swc_reset(window, prev, curr, elapsed), INF
+  end
+  if used + cost > limit + EPS then
+    local room = limit - curr - cost
+    local retry
+    if room >= -EPS and prev > 0 then
+      retry = window * (1 - room / prev) - elapsed
+    else
+      local later = 0
+      if curr > limit - cost then later = window * (1 - (limit - cost) / curr) end
+      retry = (window - elapsed) + later
+    end
+    return false, limit - used, swc_reset(window, prev, curr, elapsed), math.max(0, retry)
+  end
+  curr = curr + cost
+  local reset = swc_reset(window, prev, curr, elapsed)
+  if write and cost > 0 then
+    redis.call('HSET', key, 'w', fmt(index), 'p', fmt(prev), 'c', fmt(curr))
+    expire(key, reset)
+  end
+  return true, limit - used - cost, reset, 0
+end
