@@ -1,0 +1,152 @@
+# `stormguard mock`: flags -> MockServer -> serve until Ctrl-C; `stormguard mock
+# verify JOURNAL.json`: the retry-contract checker, exit status 1 on violations.
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import sys
+from pathlib import Path
+
+from .._errors import MissingExtra, ScenarioError
+
+try:
+    import click
+except ImportError as exc:  # pragma: no cover - needs the extra missing
+    raise MissingExtra("click", "mock") from exc
+
+from ._checker import check_journal
+
+__all__ = ["mock_group"]
+
+
+def _serve(
+    scenario: Path, host: str, port: int, seed: int | None, journal_out: Path | None
+) -> None:
+    from ._server import MockServer
+
+    try:
+        server = MockServer(scenario, host=host, port=port, seed=seed)
+    except ScenarioError as exc:
+        raise click.ClickException(f"invalid scenario:\n{exc}") from exc
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        click.echo(f"warning: listening on {host}, reachable from other machines", err=True)
+
+    def announce() -> None:
+        name = server.scenario.name or scenario.name
+        click.echo(
+            f"stormguard mock: serving {name} on {server.url}\n"
+            f"  admin: GET {server.url}/__mock/journal | GET /__mock/ledger | "
+            "POST /__mock/reset\n  Ctrl-C to stop",
+            err=True,
+        )
+
+    async def run() -> None:
+        await server.serve_forever(ready=announce)
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    finally:
+        if journal_out is not None:
+            journal_out.write_text(json.dumps(server.journal(), indent=1), encoding="utf-8")
+            click.echo(f"journal written to {journal_out}", err=True)
+
+
+_scenario_option = click.option(
+    "--scenario",
+    "-s",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Scenario file (.yaml/.yml or .toml).",
+)
+_host_option = click.option("--host", default="127.0.0.1", show_default=True)
+_port_option = click.option("--port", "-p", default=8000, show_default=True, type=int)
+_seed_option = click.option("--seed", type=int, help="Override the scenario's RNG seed.")
+_journal_option = click.option(
+    "--journal-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the journal to this JSON file on exit.",
+)
+
+
+@click.group(
+    name="mock",
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@_scenario_option
+@_host_option
+@_port_option
+@_seed_option
+@_journal_option
+@click.pass_context
+def mock_group(
+    ctx: click.Context,
+    scenario: Path | None,
+    host: str,
+    port: int,
+    seed: int | None,
+    journal_out: Path | None,
+) -> None:
+    """Fault-injection mock server and retry-contract checker.
+
+    \b
+    stormguard mock --scenario examples/payments.yaml --port 8000
+    stormguard mock verify journal.json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if scenario is None:  # `stormguard mock` alone: show the usage
+        click.echo(ctx.get_help())
+        ctx.exit(2)
+    _serve(scenario, host, port, seed, journal_out)
+
+
+@mock_group.command("serve")
+@click.option(
+    "--scenario",
+    "-s",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Scenario file (.yaml/.yml or .toml).",
+)
+@_host_option
+@_port_option
+@_seed_option
+@_journal_option
+def serve_command(
+    scenario: Path, host: str, port: int, seed: int | None, journal_out: Path | None
+) -> None:
+    """Serve a scenario until Ctrl-C (same as `stormguard mock --scenario FILE`)."""
+    _serve(scenario, host, port, seed, journal_out)
+
+
+@mock_group.command("verify")
+@click.argument("journal", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+@click.option(
+    "--tolerance",
+    default=0.05,
+    show_default=True,
+    type=float,
+    help="Seconds an attempt may come before its Retry-After.",
+)
+def verify_command(journal: Path, as_json: bool, tolerance: float) -> None:
+    """Check a journal against the retry contract; exit status 1 on violations."""
+    try:
+        report = check_journal(journal, tolerance=tolerance)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(f"cannot read journal {journal}: {exc}") from exc
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        click.echo(report.summary())
+        click.echo("OK: no violations" if report.ok else "FAILED: retry contract violated")
+    sys.exit(0 if report.ok else 1)

@@ -1,0 +1,368 @@
+# The socket side of the mock: asyncio streams + h11 for HTTP/1.1, so that faults
+# can do what a well-behaved server framework never would — reset the connection
+# before any response, close it silently, send a broken chunked body, or hold it
+# open until the client gives up. The Planner (_faults.py) decides; this plays.
+#
+# MockServer runs in-process on a background thread with its own event loop
+# (start()/stop(), context manager, `.url`), or in the foreground from the CLI
+# (`serve_forever()`). It listens on loopback unless told otherwise.
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import h11
+
+from ._faults import Plan, Planner
+from ._journal import MockState
+from ._scenario import Scenario, load_scenario, parse_scenario
+
+__all__ = ["MockServer"]
+
+ADMIN_PREFIX = "/__mock/"
+_MAX_BODY = 16 * 1024 * 1024
+
+
+def _coerce(scenario: Scenario | Mapping[str, Any] | str | Path) -> Scenario:
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, Mapping):
+        return parse_scenario(scenario)
+    return load_scenario(scenario)
+
+
+class MockServer:
+    """A fault-injection HTTP/1.1 server playing a scenario.
+
+    >>> with MockServer({"routes": [{"match": {"path": "/ping"}}]}) as mock:
+    ...     httpx.get(mock.url + "/ping").status_code
+    200
+
+    ``scenario`` is a :class:`Scenario`, a dict, or a path to a YAML/TOML file.
+    ``port=0`` picks a free port; ``.url`` is the base URL once started.
+    ``seed`` overrides the scenario's seed for probabilities and delays.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario | Mapping[str, Any] | str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        self.scenario = _coerce(scenario)
+        self.host = host
+        self.port = port
+        self._state = MockState()
+        self._planner = Planner(self.scenario, self._state, seed)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._stopped: asyncio.Event | None = None
+
+    # --- the Python API -------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321`` (valid once started)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def journal(self) -> list[dict[str, Any]]:
+        """A copy of the journal: one dict per request, in arrival order."""
+        return self._state.journal()
+
+    def ledger(self) -> dict[str, dict[str, int]]:
+        """A copy of the ledger: ``{resource: {key or request id: side effects}}``."""
+        return self._state.ledger_copy()
+
+    def reset(self) -> None:
+        """Forget journal, ledger, sequence positions and rate limits."""
+        self._planner.reset()
+
+    def check(self, **options: Any) -> Any:
+        """Run the retry-contract checker on the journal; returns a ``Report``."""
+        from ._checker import Checker
+
+        return Checker(**options).check(self.journal())
+
+    def start(self) -> MockServer:
+        """Start serving on a background thread; returns once the port is bound."""
+        if self._thread is not None:
+            raise RuntimeError("MockServer already started")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._open())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_until_complete(self._wait_stopped())
+            finally:
+                loop.run_until_complete(self._close())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="stormguard-mock", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, drop open connections and join the thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        stopped = self._stopped
+        if stopped is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stopped.set)
+        thread.join(timeout=10)
+        self._thread = None
+        self._loop = None
+
+    def __enter__(self) -> MockServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def serve_forever(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve in the current event loop until cancelled (used by the CLI).
+
+        ``ready`` is called once the port is bound (``.url`` is then valid).
+        """
+        await self._open()
+        if ready is not None:
+            ready()
+        try:
+            await self._wait_stopped()
+        finally:
+            await self._close()
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def _open(self) -> None:
+        self._stopped = asyncio.Event()
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        sockets = self._server.sockets
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+
+    async def _wait_stopped(self) -> None:
+        assert self._stopped is not None
+        await self._stopped.wait()
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=1)
+
+    # --- connections ------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._connection(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, h11.ProtocolError):
+            _abort(writer)
+        except asyncio.CancelledError:
+            _abort(writer)
+        finally:
+            self._connections.discard(task)
+            if not writer.is_closing():
+                writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        peer = writer.get_extra_info("peername")
+        peer_host = str(peer[0]) if isinstance(peer, tuple) else "unknown"
+        while True:
+            request = await _read_request(conn, reader)
+            if request is None:
+                return
+            head, body = request
+            keep_open = await self._serve(conn, reader, writer, head, body, peer_host)
+            if not keep_open or conn.our_state is not h11.DONE:
+                return
+            if conn.their_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
+
+    async def _serve(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head: h11.Request,
+        body: bytes,
+        peer_host: str,
+    ) -> bool:
+        target = head.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        method = head.method.decode("ascii").upper()
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in head.headers
+        }
+        if path.startswith(ADMIN_PREFIX):
+            status, payload = self._admin(method, path)
+            await _send(conn, writer, status, [("Content-Type", "application/json")], payload)
+            return True
+        plan = self._planner.plan(
+            method=method,
+            path=path,
+            query=query,
+            client=headers.get("x-client-id") or peer_host,
+            idempotency_key=headers.get("idempotency-key") or None,
+            body_sha256=hashlib.sha256(body).hexdigest(),
+        )
+        try:
+            return await self._play(conn, reader, writer, plan)
+        finally:
+            self._planner.finish(plan)
+
+    async def _play(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        plan: Plan,
+    ) -> bool:
+        if plan.delay > 0:
+            await asyncio.sleep(plan.delay)
+        action = plan.action
+        if action in ("reset", "commit-then-reset"):
+            _reset(writer)
+            return False
+        if action == "empty":
+            writer.close()
+            return False
+        if action == "malformed-chunked":
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+                b'5\r\n{"id"\r\nzz-not-a-chunk-size\r\n\r\n'
+            )
+            await writer.drain()
+            writer.close()
+            return False
+        if action == "hang":
+            # Hold the connection until the client closes it (its timeout) or the
+            # server stops; whatever the client sends meanwhile is ignored.
+            while await reader.read(65536):
+                pass
+            _abort(writer)
+            return False
+        await _send(conn, writer, plan.status, plan.headers, plan.body)
+        return True
+
+    # --- admin API ----------------------------------------------------------------
+
+    def _admin(self, method: str, path: str) -> tuple[int, bytes]:
+        name = path[len(ADMIN_PREFIX) :].strip("/")
+        if method == "GET" and name == "journal":
+            return 200, json.dumps(self.journal()).encode()
+        if method == "GET" and name == "ledger":
+            return 200, json.dumps(self.ledger()).encode()
+        if method == "POST" and name == "reset":
+            self.reset()
+            return 200, b'{"reset":true}'
+        if method == "GET" and name == "check":
+            return 200, json.dumps(self.check().to_dict()).encode()
+        return 404, json.dumps({"error": f"unknown admin endpoint {method} {path}"}).encode()
+
+
+async def _read_request(
+    conn: h11.Connection, reader: asyncio.StreamReader
+) -> tuple[h11.Request, bytes] | None:
+    head: h11.Request | None = None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await reader.read(65536)
+            conn.receive_data(data)
+            continue
+        if isinstance(event, h11.Request):
+            head = event
+        elif isinstance(event, h11.Data):
+            size += len(event.data)
+            if size > _MAX_BODY:
+                raise h11.RemoteProtocolError("request body too large")
+            chunks.append(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            assert head is not None
+            return head, b"".join(chunks)
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return None
+
+
+async def _send(
+    conn: h11.Connection,
+    writer: asyncio.StreamWriter,
+    status: int,
+    headers: list[tuple[str, str]],
+    body: bytes,
+) -> None:
+    names = {name.lower() for name, _ in headers}
+    out = [(name, value) for name, value in headers if name.lower() != "content-length"]
+    out.append(("Content-Length", str(len(body))))
+    if "server" not in names:
+        out.append(("Server", "stormguard-mock"))
+    data = conn.send(h11.Response(status_code=status, headers=out))
+    data = (data or b"") + (conn.send(h11.Data(data=body)) or b"") if body else data or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    writer.write(data)
+    await writer.drain()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    # SO_LINGER with a zero timeout makes close() send RST instead of FIN: the
+    # client sees "connection reset by peer", not a clean end of stream.
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    _abort(writer)
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    transport = writer.transport
+    with contextlib.suppress(Exception):
+        transport.abort()

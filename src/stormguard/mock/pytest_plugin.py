@@ -1,0 +1,1 @@
+"""pytest plugin of stormguard (fixtures arrive with the mock server)."""
