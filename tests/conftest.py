@@ -78,8 +78,23 @@ def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
     if exe is None:
         raise FileNotFoundError("redis-server")
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -132,8 +147,11 @@ def _owned_redis_or_skip() -> RedisServer:
         _unavailable(f"could not start redis-server ({exc})")
         raise  # unreachable: _unavailable raises
     return RedisServer(
-        url=f"redis://127.0.0.1:{port}/0", host="127.0.0.1", port=port,
-        process=proc, workdir=workdir,
+        url=f"redis://127.0.0.1:{port}/0",
+        host="127.0.0.1",
+        port=port,
+        process=proc,
+        workdir=workdir,
     )
 
 

@@ -17,6 +17,8 @@ from ._errors import (
     StoreError,
     StormguardError,
 )
+from .client._decorator import retry
+from .client._driver import RetryRecord
 from .core._backoff import (
     Backoff,
     Constant,
@@ -26,6 +28,7 @@ from .core._backoff import (
     FullJitter,
     NoBackoff,
 )
+from .core._policy import GiveUpReason, RetryPolicy
 
 __version__ = "0.1.0"
 
@@ -39,11 +42,15 @@ __all__ = [
     "EqualJitter",
     "Exponential",
     "FullJitter",
+    "GiveUpReason",
     "MissingExtra",
     "NoBackoff",
     "RateLimited",
     "RetryError",
+    "RetryPolicy",
+    "RetryRecord",
     "ScenarioError",
     "StoreError",
     "StormguardError",
+    "retry",
 ]

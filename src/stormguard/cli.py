@@ -15,9 +15,21 @@ from ._errors import MissingExtra
 
 # name -> (module, attribute, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("stormguard.mock._demo", "demo_command", "Naive vs stormguard client against a flaky API."),
-    "mock": ("stormguard.mock._cli", "mock_group", "Run the fault-injection mock server; verify journals."),
-    "simulate": ("stormguard.sim._cli", "simulate_command", "Simulate a retry policy across a fleet."),
+    "demo": (
+        "stormguard.mock._demo",
+        "demo_command",
+        "Naive vs stormguard client against a flaky API.",
+    ),
+    "mock": (
+        "stormguard.mock._cli",
+        "mock_group",
+        "Run the fault-injection mock server; verify journals.",
+    ),
+    "simulate": (
+        "stormguard.sim._cli",
+        "simulate_command",
+        "Simulate a retry policy across a fleet.",
+    ),
 }
 
 

@@ -1,0 +1,171 @@
+# The per-call driver shared by every retrying adapter (decorator, httpx, requests).
+#
+# It owns the I/O-free bookkeeping around `core.decide`: the call's state, the
+# deadline measured on the injected clock, the retry budget and circuit breaker
+# seams, and observability (hook + logger). The adapters keep only their loop:
+#
+#     call = RetryCall(policy, ...)
+#     while True:
+#         permit = call.admit()            # breaker; raises CircuitOpen
+#         ... one attempt ...
+#         action = call.after_failure(RetryFailure(...))   # or call.succeeded()
+#         if GiveUp: stop; else: clock.sleep(action.wait)
+#
+# so the sync and async twins are a dozen lines each.
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import CircuitOpen
+from ..core._policy import (
+    GiveUp,
+    GiveUpReason,
+    Retry,
+    RetryFailure,
+    RetryPolicy,
+    RetryState,
+    decide,
+)
+
+__all__ = ["RetryCall", "RetryHook", "RetryRecord", "logger"]
+
+logger = logging.getLogger("stormguard")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRecord:
+    """One retry, as hooks and logs see it.
+
+    ``attempt`` is the number of the attempt that failed (1-based); ``wait`` the
+    seconds slept before the next one; ``reason`` why the attempt failed;
+    ``hint_used`` whether ``wait`` came from the server (``hint``) rather than the
+    backoff; ``elapsed`` seconds since the call started; ``target`` what was
+    called (``"GET https://api/x"`` or a function's qualified name).
+    """
+
+    attempt: int
+    wait: float
+    reason: str
+    hint_used: bool
+    hint: float | None
+    elapsed: float
+    target: str
+
+
+RetryHook = Callable[[RetryRecord], None]
+
+
+class _Permit(Protocol):
+    def record(self, *, failure: bool) -> None: ...
+
+
+class _Budget(Protocol):
+    def record_request(self) -> None: ...
+
+    def try_retry(self) -> bool: ...
+
+
+class _Breaker(Protocol):
+    def acquire(self) -> _Permit: ...
+
+
+class RetryCall:
+    """The state of one logical call across its attempts."""
+
+    __slots__ = ("_clock", "_hooks", "_rng", "last_exception", "policy", "state", "target")
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        target: str,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        hooks: tuple[RetryHook, ...] = (),
+    ) -> None:
+        self.policy = policy
+        self.target = target
+        self._clock = clock or SYSTEM_CLOCK
+        self._rng = rng or _RNG
+        self._hooks = hooks
+        self.last_exception: BaseException | None = None
+        self.state = RetryState(started_at=self._clock.monotonic())
+        budget: _Budget | None = policy.budget
+        if budget is not None:
+            budget.record_request()
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this call measures its deadline on."""
+        return self._clock
+
+    @property
+    def attempts(self) -> int:
+        """Attempts started so far (the current one included)."""
+        return self.state.attempts
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (may be negative)."""
+        return self.policy.deadline_s - (self._clock.monotonic() - self.state.started_at)
+
+    def admit(self) -> _Permit | None:
+        """Ask the breaker for this attempt; raises :class:`CircuitOpen` if it refuses."""
+        breaker: _Breaker | None = self.policy.breaker
+        return None if breaker is None else breaker.acquire()
+
+    def after_failure(self, failure: RetryFailure) -> Retry | GiveUp:
+        """Decide what follows a failed attempt; a Retry is recorded and observed."""
+        action = decide(
+            self.policy, self.state, failure, now=self._clock.monotonic(), rng=self._rng
+        )
+        if isinstance(action, Retry):
+            budget: _Budget | None = self.policy.budget
+            if budget is not None and not budget.try_retry():
+                action = GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
+            else:
+                self._observe(action, failure)
+                self.state = self.state.after_wait(action.wait)
+        return action
+
+    def circuit_open(self, exc: CircuitOpen) -> GiveUp:
+        """The breaker refused a retry: the call ends with reason ``circuit open``."""
+        return GiveUp(GiveUpReason.CIRCUIT_OPEN, exc.remaining)
+
+    def _observe(self, action: Retry, failure: RetryFailure) -> None:
+        record = RetryRecord(
+            attempt=self.state.attempts,
+            wait=action.wait,
+            reason=failure.reason,
+            hint_used=action.hint_used,
+            hint=failure.hint,
+            elapsed=self._clock.monotonic() - self.state.started_at,
+            target=self.target,
+        )
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "retrying %s: attempt %d failed (%s); waiting %.3fs%s",
+                record.target,
+                record.attempt,
+                record.reason,
+                record.wait,
+                " as the server asked" if record.hint_used else "",
+                extra={"stormguard_retry": record},
+            )
+        for hook in self._hooks:
+            hook(record)
+
+
+def record_permit(permit: _Permit | None, *, failure: bool) -> None:
+    """Report an attempt's outcome to the breaker permit, if there is one."""
+    if permit is not None:
+        permit.record(failure=failure)
+
+
+# One process-wide generator for jitter. Jitter needs no cryptographic quality;
+# tests pass their own seeded Random.
+_RNG = random.Random()

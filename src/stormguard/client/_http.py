@@ -1,0 +1,77 @@
+# What the HTTP adapters (httpx, requests) share: turning a response or a transport
+# error into a RetryFailure by the decision table, idempotency keys, and log-safe
+# request descriptions. No HTTP library is imported here.
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+from ..core._headers import wait_hint
+from ..core._outcome import (
+    Failure,
+    Verdict,
+    classify_error,
+    classify_status,
+)
+from ..core._policy import RetryFailure, RetryPolicy
+
+__all__ = [
+    "IDEMPOTENCY_KEY",
+    "KEYED_METHODS",
+    "describe",
+    "error_failure",
+    "new_idempotency_key",
+    "response_failure",
+]
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+# Methods that get a generated key with idempotency_keys=True.
+KEYED_METHODS = frozenset({"POST", "PATCH"})
+
+
+def new_idempotency_key() -> str:
+    """A fresh key (UUID4), created once per logical request."""
+    return str(uuid.uuid4())
+
+
+def describe(method: str, url: str) -> str:
+    """``"GET https://host/path"``: the query and credentials are left out of logs."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        return f"{method} {urlunsplit((parts.scheme, host, parts.path, '', ''))}"
+    except ValueError:
+        return method
+
+
+def response_failure(
+    policy: RetryPolicy,
+    status: int,
+    headers: Iterable[tuple[str, str]],
+    *,
+    method: str,
+    has_key: bool,
+    wall_now: float,
+) -> RetryFailure | None:
+    """``None`` when the response ends the call as it is (success or a final status)."""
+    verdict = classify_status(
+        status, method, has_idempotency_key=has_key, retry_statuses=policy.retry_statuses
+    )
+    if verdict is Verdict.SUCCESS:
+        return None
+    if status not in policy.retry_statuses:
+        return None  # a final answer such as 400 or 404 is returned as it is
+    hint = wait_hint(status, headers, now=wall_now)
+    return RetryFailure(verdict is Verdict.RETRY, f"status {status}", hint)
+
+
+def error_failure(
+    failure: Failure, exc: BaseException, *, method: str, has_key: bool
+) -> RetryFailure:
+    """A transport error as a RetryFailure."""
+    verdict = classify_error(failure, method, has_idempotency_key=has_key)
+    reason = f"{type(exc).__name__} ({failure.value})"
+    return RetryFailure(verdict is Verdict.RETRY, reason)

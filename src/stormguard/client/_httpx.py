@@ -1,0 +1,237 @@
+# stormguard.httpx.RetryTransport: one class that is both an httpx.BaseTransport
+# and an httpx.AsyncBaseTransport. It wraps an inner transport, delegates each
+# attempt to it, and forwards close()/aclose(). The two loops differ only in
+# `await`; every decision is made by RetryCall and the shared HTTP helpers.
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import httpx
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..core._outcome import Failure
+from ..core._policy import GiveUp, RetryFailure, RetryPolicy
+from ._driver import RetryCall, RetryHook, record_permit
+from ._http import (
+    IDEMPOTENCY_KEY,
+    KEYED_METHODS,
+    describe,
+    error_failure,
+    new_idempotency_key,
+    response_failure,
+)
+
+__all__ = ["RetryTransport"]
+
+_NOT_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
+_MAYBE_PROCESSED: tuple[type[Exception], ...] = (
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+
+
+def _failure_kind(exc: Exception) -> Failure:
+    if isinstance(exc, _NOT_SENT):
+        return Failure.NOT_SENT
+    if isinstance(exc, _MAYBE_PROCESSED):
+        return Failure.MAYBE_PROCESSED
+    return Failure.FINAL
+
+
+class _Attempt:
+    """Per-logical-request facts the loops need: method, key, replayable body."""
+
+    __slots__ = ("call", "has_key", "method", "replayable")
+
+    def __init__(self, transport: RetryTransport, request: httpx.Request) -> None:
+        self.method = request.method.upper()
+        if (
+            transport.idempotency_keys
+            and self.method in KEYED_METHODS
+            and IDEMPOTENCY_KEY not in request.headers
+        ):
+            request.headers[IDEMPOTENCY_KEY] = new_idempotency_key()
+        self.has_key = IDEMPOTENCY_KEY in request.headers
+        # Bodies given as bytes/str/json/form are held in a ByteStream and can be
+        # sent again; a generator or file stream is one-shot and is never retried.
+        self.replayable = isinstance(request.stream, httpx.ByteStream)
+        self.call = RetryCall(
+            transport.policy,
+            target=describe(self.method, str(request.url)),
+            clock=transport.clock,
+            rng=transport.rng,
+            hooks=transport.hooks,
+        )
+
+    def cap_timeouts(self, request: httpx.Request) -> None:
+        """No attempt may outlive the call's deadline."""
+        remaining = max(0.001, self.call.remaining())
+        timeouts = request.extensions.get("timeout")
+        if isinstance(timeouts, dict):
+            request.extensions["timeout"] = {
+                name: remaining if value is None else min(value, remaining)
+                for name, value in timeouts.items()
+            }
+
+    def on_response(self, response: httpx.Response) -> RetryFailure | None:
+        failure = response_failure(
+            self.call.policy,
+            response.status_code,
+            response.headers.multi_items(),
+            method=self.method,
+            has_key=self.has_key,
+            wall_now=self.call.clock.time(),
+        )
+        if failure is not None and not self.replayable:
+            return RetryFailure(False, failure.reason + " (one-shot body)", failure.hint)
+        return failure
+
+    def on_error(self, exc: Exception) -> RetryFailure | None:
+        kind = _failure_kind(exc)
+        if kind is Failure.FINAL:
+            return None
+        failure = error_failure(kind, exc, method=self.method, has_key=self.has_key)
+        if not self.replayable:
+            return RetryFailure(False, failure.reason + " (one-shot body)")
+        return failure
+
+
+class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """An httpx transport that retries by stormguard's decision table.
+
+    >>> import httpx, stormguard
+    >>> from stormguard.httpx import RetryTransport
+    >>> client = httpx.Client(transport=RetryTransport(policy=stormguard.RetryPolicy(attempts=3)))
+
+    ``transport`` is the inner transport (default: ``httpx.HTTPTransport()`` for
+    sync use, ``httpx.AsyncHTTPTransport()`` for async use, created on first use).
+    ``policy`` is a :class:`stormguard.RetryPolicy` (default ``RetryPolicy()``).
+    With ``idempotency_keys=True`` a POST or PATCH without an ``Idempotency-Key``
+    gets one (UUID4) before its first attempt, reused on every retry. When the
+    call stops, the last response is returned as it is (its status tells the
+    caller what happened); the last transport error is raised as it is.
+    ``on_retry`` hooks receive a :class:`stormguard.RetryRecord` per retry.
+    """
+
+    def __init__(
+        self,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        idempotency_keys: bool = False,
+        on_retry: RetryHook | Sequence[RetryHook] = (),
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._inner = transport
+        self._sync_inner: httpx.BaseTransport | None = None
+        self._async_inner: httpx.AsyncBaseTransport | None = None
+        self.policy = policy if policy is not None else RetryPolicy()
+        self.idempotency_keys = idempotency_keys
+        self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
+        self.clock = clock or SYSTEM_CLOCK
+        self.rng = rng
+
+    # -- delegation -------------------------------------------------------------
+
+    def _sync(self) -> httpx.BaseTransport:
+        if self._sync_inner is None:
+            if self._inner is None:
+                self._sync_inner = httpx.HTTPTransport()
+            elif isinstance(self._inner, httpx.BaseTransport):
+                self._sync_inner = self._inner
+            else:
+                raise TypeError("the inner transport is async-only; use httpx.AsyncClient")
+        return self._sync_inner
+
+    def _async(self) -> httpx.AsyncBaseTransport:
+        if self._async_inner is None:
+            if self._inner is None:
+                self._async_inner = httpx.AsyncHTTPTransport()
+            elif isinstance(self._inner, httpx.AsyncBaseTransport):
+                self._async_inner = self._inner
+            else:
+                raise TypeError("the inner transport is sync-only; use httpx.Client")
+        return self._async_inner
+
+    def close(self) -> None:
+        if self._sync_inner is not None:
+            self._sync_inner.close()
+        elif isinstance(self._inner, httpx.BaseTransport):
+            self._inner.close()
+
+    async def aclose(self) -> None:
+        if self._async_inner is not None:
+            await self._async_inner.aclose()
+        elif isinstance(self._inner, httpx.AsyncBaseTransport):
+            await self._inner.aclose()
+
+    # -- the two loops ----------------------------------------------------------
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._sync()
+        attempt = _Attempt(self, request)
+        while True:
+            permit = attempt.call.admit()
+            attempt.cap_timeouts(request)
+            try:
+                response = inner.handle_request(request)
+            except Exception as exc:
+                failure = attempt.on_error(exc)
+                record_permit(permit, failure=failure is not None)
+                wait = _next_wait(attempt, failure, exc)
+                assert wait is not None  # _next_wait raises exc instead of None
+            else:
+                failure = attempt.on_response(response)
+                record_permit(permit, failure=response.status_code >= 500)
+                wait = _next_wait(attempt, failure, None)
+                if wait is None:
+                    return response
+                response.close()
+            self.clock.sleep(wait)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._async()
+        attempt = _Attempt(self, request)
+        while True:
+            permit = attempt.call.admit()
+            attempt.cap_timeouts(request)
+            try:
+                response = await inner.handle_async_request(request)
+            except Exception as exc:
+                failure = attempt.on_error(exc)
+                record_permit(permit, failure=failure is not None)
+                wait = _next_wait(attempt, failure, exc)
+                assert wait is not None  # _next_wait raises exc instead of None
+            else:
+                failure = attempt.on_response(response)
+                record_permit(permit, failure=response.status_code >= 500)
+                wait = _next_wait(attempt, failure, None)
+                if wait is None:
+                    return response
+                await response.aclose()
+            await self.clock.asleep(wait)
+
+
+def _next_wait(
+    attempt: _Attempt, failure: RetryFailure | None, exc: Exception | None
+) -> float | None:
+    """The wait before the next attempt; None to return the response; raises to end with exc."""
+    if failure is None:
+        if exc is not None:
+            raise exc
+        return None
+    action = attempt.call.after_failure(failure)
+    if isinstance(action, GiveUp):
+        if exc is not None:
+            raise exc
+        return None
+    return action.wait

@@ -1,0 +1,160 @@
+# stormguard.requests.RetryAdapter: a requests HTTPAdapter that retries by
+# stormguard's decision table. urllib3's own retries are switched off so that
+# exactly one component decides; each attempt is delegated to HTTPAdapter.send.
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NameResolutionError,
+    NewConnectionError,
+)
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..core._outcome import Failure
+from ..core._policy import GiveUp, RetryPolicy
+from ._driver import RetryCall, RetryHook, record_permit
+from ._http import (
+    IDEMPOTENCY_KEY,
+    KEYED_METHODS,
+    describe,
+    error_failure,
+    new_idempotency_key,
+    response_failure,
+)
+
+__all__ = ["RetryAdapter"]
+
+_NEVER_CONNECTED = (NewConnectionError, ConnectTimeoutError, NameResolutionError)
+
+
+def _failure_kind(exc: Exception) -> Failure:
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return Failure.NOT_SENT
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        # requests folds "could not connect" and "connection dropped after sending"
+        # into ConnectionError; the urllib3 reason inside tells them apart.
+        reason = exc.args[0] if exc.args else None
+        reason = getattr(reason, "reason", reason)
+        if isinstance(reason, _NEVER_CONNECTED):
+            return Failure.NOT_SENT
+        return Failure.MAYBE_PROCESSED
+    if isinstance(exc, requests.exceptions.Timeout | requests.exceptions.ChunkedEncodingError):
+        return Failure.MAYBE_PROCESSED
+    return Failure.FINAL
+
+
+def _replayable(body: Any) -> bool:
+    return body is None or isinstance(body, bytes | str)
+
+
+class RetryAdapter(HTTPAdapter):
+    """A ``requests`` transport adapter that retries by stormguard's decision table.
+
+    >>> import requests, stormguard
+    >>> from stormguard.requests import RetryAdapter
+    >>> session = requests.Session()
+    >>> session.mount("https://", RetryAdapter(policy=stormguard.RetryPolicy(attempts=3)))
+
+    Same rules and keywords as :class:`stormguard.httpx.RetryTransport`; the
+    remaining ``HTTPAdapter`` keywords (``pool_connections``, ``pool_maxsize``…)
+    are passed through. ``max_retries`` is fixed at 0: stormguard decides.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: RetryPolicy | None = None,
+        idempotency_keys: bool = False,
+        on_retry: RetryHook | Sequence[RetryHook] = (),
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        **adapter_kwargs: Any,
+    ) -> None:
+        if "max_retries" in adapter_kwargs:
+            raise TypeError("RetryAdapter decides retries itself; do not pass max_retries")
+        super().__init__(max_retries=0, **adapter_kwargs)
+        self.policy = policy if policy is not None else RetryPolicy()
+        self.idempotency_keys = idempotency_keys
+        self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
+        self.clock = clock or SYSTEM_CLOCK
+        self.rng = rng
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float | None, float | None] | None = None,
+        verify: bool | str = True,
+        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
+        method = (request.method or "GET").upper()
+        if (
+            self.idempotency_keys
+            and method in KEYED_METHODS
+            and IDEMPOTENCY_KEY not in request.headers
+        ):
+            request.headers[IDEMPOTENCY_KEY] = new_idempotency_key()
+        has_key = IDEMPOTENCY_KEY in request.headers
+        replayable = _replayable(request.body)
+        call = RetryCall(
+            self.policy,
+            target=describe(method, request.url or ""),
+            clock=self.clock,
+            rng=self.rng,
+            hooks=self.hooks,
+        )
+        while True:
+            permit = call.admit()
+            capped = _cap_timeout(timeout, call.remaining())
+            try:
+                response = super().send(request, stream, capped, verify, cert, proxies)
+            except Exception as exc:
+                kind = _failure_kind(exc)
+                record_permit(permit, failure=kind is not Failure.FINAL)
+                if kind is Failure.FINAL:
+                    raise
+                failure = error_failure(kind, exc, method=method, has_key=has_key)
+                if not replayable:
+                    raise
+                action = call.after_failure(failure)
+                if isinstance(action, GiveUp):
+                    raise
+            else:
+                record_permit(permit, failure=response.status_code >= 500)
+                maybe = response_failure(
+                    self.policy,
+                    response.status_code,
+                    response.headers.items(),
+                    method=method,
+                    has_key=has_key,
+                    wall_now=self.clock.time(),
+                )
+                if maybe is None or not replayable:
+                    return response
+                action = call.after_failure(maybe)
+                if isinstance(action, GiveUp):
+                    return response
+                response.close()
+            self.clock.sleep(action.wait)
+
+
+def _cap_timeout(
+    timeout: float | tuple[float | None, float | None] | None, remaining: float
+) -> float | tuple[float, float]:
+    remaining = max(0.001, remaining)
+    if timeout is None:
+        return remaining
+    if isinstance(timeout, tuple):
+        connect, read = timeout
+        return (
+            remaining if connect is None else min(connect, remaining),
+            remaining if read is None else min(read, remaining),
+        )
+    return min(float(timeout), remaining)

@@ -1,0 +1,320 @@
+"""httpx (sync and async) and requests adapters against a real server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import requests
+
+from conftest import ScriptedServer, Step
+from stormguard import Constant, FullJitter, RetryPolicy, RetryRecord
+from stormguard.httpx import RetryTransport
+from stormguard.requests import RetryAdapter
+from stormguard.testing import FakeClock
+
+
+@dataclass
+class Result:
+    """What the caller got back."""
+
+    status: int | None
+    error: BaseException | None
+    records: list[RetryRecord]
+
+
+Sender = Callable[..., Result]
+
+
+def send_httpx_sync(
+    url: str,
+    *,
+    method: str = "GET",
+    policy: RetryPolicy,
+    clock: Any = None,
+    idempotency_keys: bool = False,
+    headers: dict[str, str] | None = None,
+    content: Any = None,
+) -> Result:
+    """One request through httpx.Client + RetryTransport."""
+    records: list[RetryRecord] = []
+    transport = RetryTransport(
+        policy=policy, clock=clock, idempotency_keys=idempotency_keys, on_retry=records.append
+    )
+    with httpx.Client(transport=transport, timeout=10) as client:
+        try:
+            response = client.request(method, url, headers=headers, content=content)
+        except httpx.HTTPError as exc:
+            return Result(None, exc, records)
+        return Result(response.status_code, None, records)
+
+
+def send_httpx_async(
+    url: str,
+    *,
+    method: str = "GET",
+    policy: RetryPolicy,
+    clock: Any = None,
+    idempotency_keys: bool = False,
+    headers: dict[str, str] | None = None,
+    content: Any = None,
+) -> Result:
+    """One request through httpx.AsyncClient + RetryTransport."""
+    records: list[RetryRecord] = []
+
+    async def go() -> Result:
+        transport = RetryTransport(
+            policy=policy, clock=clock, idempotency_keys=idempotency_keys, on_retry=records.append
+        )
+        body = content
+        if content is not None and not isinstance(content, bytes):
+            chunks = list(content)
+
+            async def agen() -> Any:
+                for chunk in chunks:
+                    yield chunk
+
+            body = agen()
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+            try:
+                response = await client.request(method, url, headers=headers, content=body)
+            except httpx.HTTPError as exc:
+                return Result(None, exc, records)
+            return Result(response.status_code, None, records)
+
+    return asyncio.run(go())
+
+
+def send_requests(
+    url: str,
+    *,
+    method: str = "GET",
+    policy: RetryPolicy,
+    clock: Any = None,
+    idempotency_keys: bool = False,
+    headers: dict[str, str] | None = None,
+    content: Any = None,
+) -> Result:
+    """One request through requests.Session + RetryAdapter."""
+    records: list[RetryRecord] = []
+    adapter = RetryAdapter(
+        policy=policy, clock=clock, idempotency_keys=idempotency_keys, on_retry=records.append
+    )
+    with requests.Session() as session:
+        session.mount("http://", adapter)
+        try:
+            response = session.request(method, url, headers=headers, data=content, timeout=10)
+        except requests.RequestException as exc:
+            return Result(None, exc, records)
+        return Result(response.status_code, None, records)
+
+
+@pytest.fixture(
+    params=[send_httpx_sync, send_httpx_async, send_requests],
+    ids=["httpx", "httpx-async", "requests"],
+)
+def send(request: pytest.FixtureRequest) -> Sender:
+    """Each adapter in turn."""
+    sender: Sender = request.param
+    return sender
+
+
+FAST = RetryPolicy(attempts=5, backoff=Constant(0.25, 0.25), deadline=30)
+
+
+def test_503_503_200_takes_three_attempts(server: ScriptedServer, send: Sender) -> None:
+    """503, 503, 200 -> 200 after exactly 3 attempts."""
+    server.script(Step(503), Step(503), Step(200))
+    clock = FakeClock()
+    result = send(server.url + "/x", policy=FAST, clock=clock)
+    assert result.status == 200
+    assert len(server.received) == 3
+    assert [r.attempt for r in result.records] == [1, 2]
+    assert clock.sleeps == [0.25, 0.25]
+
+
+def test_retry_after_is_obeyed_in_real_time(server: ScriptedServer, send: Sender) -> None:
+    """429 with Retry-After: 1 -> the next attempt arrives at least 1 s later."""
+    server.script(Step(429, {"Retry-After": "1"}), Step(200))
+    result = send(server.url, policy=FAST)
+    assert result.status == 200
+    first, second = server.received
+    assert second.at - first.at >= 1.0
+    assert result.records[0].hint_used and result.records[0].wait == 1.0
+
+
+def test_400_is_final(server: ScriptedServer, send: Sender) -> None:
+    """400 -> one attempt, returned as it is."""
+    server.script(Step(400))
+    result = send(server.url, policy=FAST, clock=FakeClock())
+    assert result.status == 400 and len(server.received) == 1
+
+
+def test_unkeyed_post_502_is_not_retried(server: ScriptedServer, send: Sender) -> None:
+    """POST 502 without an Idempotency-Key -> one attempt."""
+    server.script(Step(502), Step(200))
+    result = send(server.url, method="POST", content=b"{}", policy=FAST, clock=FakeClock())
+    assert result.status == 502 and len(server.received) == 1
+
+
+def test_unkeyed_post_429_is_retried(server: ScriptedServer, send: Sender) -> None:
+    """POST 429 proves nothing was processed: it is retried even without a key."""
+    server.script(Step(429), Step(201))
+    result = send(server.url, method="POST", content=b"{}", policy=FAST, clock=FakeClock())
+    assert result.status == 201 and len(server.received) == 2
+
+
+def test_generated_idempotency_key_is_reused(server: ScriptedServer, send: Sender) -> None:
+    """POST with idempotency_keys=True is retried with the same key on every attempt."""
+    server.script(Step(502), Step(503), Step(201))
+    result = send(
+        server.url,
+        method="POST",
+        content=b'{"amount": 5}',
+        policy=FAST,
+        clock=FakeClock(),
+        idempotency_keys=True,
+    )
+    assert result.status == 201
+    keys = {r.headers.get("Idempotency-Key") for r in server.received}
+    assert len(server.received) == 3 and len(keys) == 1 and None not in keys
+    assert {r.body for r in server.received} == {b'{"amount": 5}'}
+
+
+def test_caller_key_is_kept(server: ScriptedServer, send: Sender) -> None:
+    """A caller's own Idempotency-Key is sent unchanged and makes the POST retryable."""
+    server.script(Step(503), Step(201))
+    result = send(
+        server.url,
+        method="POST",
+        content=b"x",
+        policy=FAST,
+        clock=FakeClock(),
+        headers={"Idempotency-Key": "order-42"},
+    )
+    assert result.status == 201
+    assert [r.headers["Idempotency-Key"] for r in server.received] == ["order-42"] * 2
+
+
+def test_each_logical_request_gets_its_own_key(server: ScriptedServer, send: Sender) -> None:
+    """Two logical POSTs get two different keys."""
+    server.script(Step(201))
+    for _ in range(2):
+        send(server.url, method="POST", content=b"x", policy=FAST, idempotency_keys=True)
+    keys = [r.headers["Idempotency-Key"] for r in server.received]
+    assert len(keys) == 2 and keys[0] != keys[1]
+
+
+def test_huge_retry_after_returns_at_once(server: ScriptedServer, send: Sender) -> None:
+    """Retry-After: 86400 -> the 429 is returned at once, nothing slept."""
+    server.script(Step(429, {"Retry-After": "86400"}), Step(200))
+    clock = FakeClock()
+    result = send(server.url, policy=FAST, clock=clock)
+    assert result.status == 429 and len(server.received) == 1 and clock.sleeps == []
+
+
+def test_deadline_bounds_the_whole_call(server: ScriptedServer, send: Sender) -> None:
+    """A 2 s deadline against a server that keeps failing -> done within 2 s."""
+    server.script(Step(503))
+    policy = RetryPolicy(attempts=1000, backoff=FullJitter(0.05, 1.0), deadline=2)
+    started = time.monotonic()
+    result = send(server.url, policy=policy)
+    elapsed = time.monotonic() - started
+    assert result.status == 503
+    assert elapsed < 2.0 + 0.5  # slack for the last in-flight attempt on a busy machine
+    assert len(server.received) >= 2
+
+
+def test_deadline_cuts_a_hanging_attempt(server: ScriptedServer, send: Sender) -> None:
+    """An attempt that hangs is cut at the deadline instead of the client's 10 s timeout."""
+    server.script(Step(200, delay=5))
+    policy = RetryPolicy(attempts=3, deadline=1)
+    started = time.monotonic()
+    result = send(server.url, policy=policy)
+    assert result.error is not None
+    assert time.monotonic() - started < 4
+
+
+def test_connection_refused_is_retried_even_for_post(dead_url: str, send: Sender) -> None:
+    """A POST that never reached the server is retried; the last error is raised."""
+    clock = FakeClock()
+    result = send(
+        dead_url,
+        method="POST",
+        content=b"x",
+        policy=RetryPolicy(attempts=3, backoff=Constant(0.5, 0.5)),
+        clock=clock,
+    )
+    assert result.error is not None and result.status is None
+    assert len(result.records) == 2 and clock.sleeps == [0.5, 0.5]
+    assert "not sent" in result.records[0].reason
+
+
+def test_one_shot_body_is_never_retried(server: ScriptedServer, send: Sender) -> None:
+    """A streamed (generator) body cannot be replayed, so a 503 is returned after one attempt."""
+    server.script(Step(503), Step(200))
+    result = send(
+        server.url, method="PUT", content=iter([b"a", b"b"]), policy=FAST, clock=FakeClock()
+    )
+    assert result.status == 503 and len(server.received) == 1
+
+
+def test_retries_are_logged(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each retry is logged on the 'stormguard' logger with the reason and the wait."""
+    server.script(Step(503), Step(200))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        send(server.url + "/path?token=secret", policy=FAST, clock=FakeClock())
+    messages = [r.getMessage() for r in caplog.records if r.name == "stormguard"]
+    assert len(messages) == 1
+    assert "status 503" in messages[0] and "0.250s" in messages[0]
+    assert "secret" not in messages[0]
+
+
+class RecordingTransport(httpx.BaseTransport):
+    """Wraps a real transport and keeps every response it returned."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.responses: list[httpx.Response] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        self.responses.append(response)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_failed_responses_are_closed_before_the_next_attempt(server: ScriptedServer) -> None:
+    """Every failed response is closed; the returned one is left open for the caller."""
+    server.script(Step(503), Step(503), Step(200))
+    inner = RecordingTransport()
+    transport = RetryTransport(inner, policy=FAST, clock=FakeClock())
+    with httpx.Client(transport=transport) as client, client.stream("GET", server.url) as response:
+        assert [r.is_closed for r in inner.responses] == [True, True, False]
+        assert response.read() == b"ok"
+
+
+def test_close_is_forwarded(server: ScriptedServer) -> None:
+    """Closing the client closes the inner transport."""
+    inner = RecordingTransport()
+    closed: list[bool] = []
+    inner.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    with httpx.Client(transport=RetryTransport(inner)):
+        pass
+    assert closed == [True]
+
+
+def test_requests_adapter_rejects_max_retries() -> None:
+    """urllib3 retries are off: passing max_retries is an error, not a silent double retry."""
+    with pytest.raises(TypeError, match="max_retries"):
+        RetryAdapter(max_retries=3)
