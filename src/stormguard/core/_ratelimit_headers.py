@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TypeAlias
 
@@ -488,9 +488,35 @@ def _build(fields: dict[str, list[str]], now: float) -> tuple[Quota, ...]:
         Quota(name, limit, remaining, reset_after, window)
         for name, (limit, remaining, reset_after, window) in named.items()
     ]
+    pooled: list[Quota] = []
     for (pool_name, window), pool in pools.items():
-        quotas.extend(_pool_quotas(pool, pool_name, window))
+        pooled.extend(_pool_quotas(pool, pool_name, window))
+    quotas.extend(_merge_unwindowed(pooled))
     return tuple(dict.fromkeys(quotas))
+
+
+def _merge_unwindowed(quotas: list[Quota]) -> list[Quota]:
+    # Kong sends "X-RateLimit-Remaining-Minute: 4" and, for the window closest to
+    # exhaustion, "RateLimit-Remaining: 4" + "RateLimit-Reset: 17" without saying
+    # which window that is. When exactly one windowed quota has the same name,
+    # limit and remaining and no reset of its own, the reset belongs to it.
+    merged = list(quotas)
+    for loose in quotas:
+        if loose.window is not None or loose.reset_after is None or loose.limit is None:
+            continue
+        candidates = [
+            index
+            for index, quota in enumerate(merged)
+            if quota.window is not None
+            and quota.reset_after is None
+            and quota.limit == loose.limit
+            and quota.remaining == loose.remaining
+            and (loose.name is None or quota.name == loose.name)
+        ]
+        if len(candidates) == 1 and loose in merged:
+            merged[candidates[0]] = replace(merged[candidates[0]], reset_after=loose.reset_after)
+            merged.remove(loose)
+    return merged
 
 
 def _pool_quotas(pool: _Pool, pool_name: str | None, window: float | None) -> list[Quota]:
