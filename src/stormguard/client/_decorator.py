@@ -183,25 +183,40 @@ def retry(
     the_clock = clock or SYSTEM_CLOCK
     judge = _Judge(on, resolved.retry_statuses or DEFAULT_RETRY_STATUSES, the_clock)
 
+    # Success-path fast lane: with no breaker and no budget there is nothing to
+    # consult before the first attempt, so the call state is only built once an
+    # attempt has failed. The deadline still counts from before the first attempt.
+    fast = resolved.breaker is None and resolved.budget is None
+    now = the_clock.monotonic
+
     def decorate(func: Callable[P, T]) -> Callable[P, T]:
         target = getattr(func, "__qualname__", repr(func))
 
-        def new_call() -> RetryCall:
-            return RetryCall(resolved, target=target, clock=the_clock, rng=rng, hooks=hooks)
+        def new_call(started: float) -> RetryCall:
+            return RetryCall(
+                resolved, target=target, clock=the_clock, rng=rng, hooks=hooks, started_at=started
+            )
 
         if inspect.iscoroutinefunction(func):
             afunc: Callable[P, Awaitable[Any]] = func
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                call = new_call()
+                started = now()
+                if fast:
+                    try:
+                        return await afunc(*args, **kwargs)
+                    except Exception as exc:
+                        call = new_call(started)
+                        await the_clock.asleep(_after_exception(call, judge, None, exc))
+                else:
+                    call = new_call(started)
                 while True:
                     permit = _admit(call)
                     try:
                         result = await afunc(*args, **kwargs)
                     except Exception as exc:
-                        wait = _after_exception(call, judge, permit, exc)
-                        await the_clock.asleep(wait)
+                        await the_clock.asleep(_after_exception(call, judge, permit, exc))
                     else:
                         record_permit(permit, failure=False)
                         return result
@@ -210,7 +225,15 @@ def retry(
 
         @functools.wraps(func)
         def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            call = new_call()
+            started = now()
+            if fast:
+                try:
+                    return func(*args, **kwargs)
+                except Exception as exc:
+                    call = new_call(started)
+                    the_clock.sleep(_after_exception(call, judge, None, exc))
+            else:
+                call = new_call(started)
             while True:
                 permit = _admit(call)
                 try:

@@ -87,6 +87,7 @@ class RetryCall:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         hooks: tuple[RetryHook, ...] = (),
+        started_at: float | None = None,
     ) -> None:
         self.policy = policy
         self.target = target
@@ -94,7 +95,9 @@ class RetryCall:
         self._rng = rng or _RNG
         self._hooks = hooks
         self.last_exception: BaseException | None = None
-        self.state = RetryState(started_at=self._clock.monotonic())
+        if started_at is None:
+            started_at = self._clock.monotonic()
+        self.state = RetryState(started_at=started_at)
         budget: _Budget | None = policy.budget
         if budget is not None:
             budget.record_request()
