@@ -357,7 +357,7 @@ def _policies(members: list[_Member]) -> list[_Policy]:
     policies = []
     for key, value, params in members:
         limit = _non_negative(value)
-        window = _positive(params.get("w"))
+        window = _positive(params.get("w", params.get("window")))  # WHOOP: "100;window=60"
         if key is None and limit is not None and window is not None:
             policies.append(_Policy(limit, window, _label(params.get("name"))))
     return policies
