@@ -17,6 +17,7 @@ from ._errors import (
     StoreError,
     StormguardError,
 )
+from ._limiter import AsyncRateLimiter, RateLimiter
 from .client._decorator import retry
 from .client._driver import RetryRecord
 from .core._backoff import (
@@ -28,29 +29,47 @@ from .core._backoff import (
     FullJitter,
     NoBackoff,
 )
+from .core._limiters import (
+    GCRA,
+    Concurrency,
+    Decision,
+    FixedWindow,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+    TokenBucket,
+)
 from .core._policy import GiveUpReason, RetryPolicy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncRateLimiter",
     "Backoff",
     "BulkheadFull",
     "CircuitOpen",
+    "Concurrency",
     "ConfigError",
     "Constant",
+    "Decision",
     "DecorrelatedJitter",
     "EqualJitter",
     "Exponential",
+    "FixedWindow",
     "FullJitter",
+    "GCRA",
     "GiveUpReason",
     "MissingExtra",
     "NoBackoff",
     "RateLimited",
+    "RateLimiter",
     "RetryError",
     "RetryPolicy",
     "RetryRecord",
     "ScenarioError",
+    "SlidingWindowCounter",
+    "SlidingWindowLog",
     "StoreError",
     "StormguardError",
+    "TokenBucket",
     "retry",
 ]

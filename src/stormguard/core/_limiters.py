@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, ClassVar, Protocol, TypeAlias
 
@@ -36,11 +36,13 @@ __all__ = [
     "Decision",
     "FixedWindow",
     "LimitRequest",
+    "Outcome",
     "SlidingWindowCounter",
     "SlidingWindowLog",
     "TokenBucket",
     "combine",
     "decide_group",
+    "make_decision",
     "default_name",
     "outage_decision",
 ]
@@ -75,12 +77,25 @@ def _wait(deadline: float, now: float) -> float:
     return max(0.0, deadline - now)
 
 
-def _denied(limit: float, remaining: float, reset_after: float, retry_after: float) -> Decision:
-    return Decision(False, limit, max(0.0, remaining), max(0.0, reset_after), retry_after)
+# What `advance` returns: (state to keep, allowed, remaining, reset_after,
+# retry_after). On denial the state is the one passed in (nothing to write). Plain
+# tuples keep the in-memory hot path free of allocations beyond the Decision.
+Outcome: TypeAlias = tuple[State, bool, float, float, float]
 
 
-def _allowed(limit: float, remaining: float, reset_after: float) -> Decision:
-    return Decision(True, limit, max(0.0, remaining), max(0.0, reset_after), 0.0)
+def _denied(state: State, remaining: float, reset: float, retry: float) -> Outcome:
+    return state, False, max(0.0, remaining), max(0.0, reset), retry
+
+
+class _Stepper:
+    # Mixin: the Decision-returning `step` on top of each algorithm's `advance`.
+    __slots__ = ()
+
+    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+        """Decide one hit of ``cost`` at ``now``; return the new state and the decision."""
+        algorithm: Algorithm = self  # type: ignore[assignment]
+        outcome = algorithm.advance(state, now, cost, lease)
+        return outcome[0], make_decision(algorithm, "default", outcome, lease if cost > 0 else "")
 
 
 class Algorithm(Protocol):
@@ -106,6 +121,10 @@ class Algorithm(Protocol):
         """The same algorithm with its quota multiplied by ``factor`` (local fallback)."""
         ...
 
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
+        """Decide one hit: ``(state, allowed, remaining, reset_after, retry_after)``."""
+        ...
+
     def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
         """Decide one hit of ``cost`` at ``now``; return the new state and the decision."""
         ...
@@ -118,7 +137,7 @@ def default_name(algorithm: Algorithm) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenBucket:
+class TokenBucket(_Stepper):
     """A bucket of ``burst`` tokens refilled at ``rate`` tokens per second.
 
     ``tokens(t) = min(burst, tokens(t0) + (t - t0) * rate)``; a hit of ``cost`` is
@@ -128,18 +147,15 @@ class TokenBucket:
     kind: ClassVar[str] = "token_bucket"
     rate: float
     burst: float
+    # Derived once: read on every hit.
+    limit: float = field(init=False, repr=False, compare=False)
+    window: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate", _positive("rate", self.rate))
         object.__setattr__(self, "burst", _positive("burst", self.burst))
-
-    @property
-    def limit(self) -> float:
-        return self.burst
-
-    @property
-    def window(self) -> float | None:
-        return self.burst / self.rate
+        object.__setattr__(self, "limit", self.burst)
+        object.__setattr__(self, "window", self.burst / self.rate)
 
     def params(self) -> tuple[float, float]:
         return (self.rate, self.burst)
@@ -147,24 +163,27 @@ class TokenBucket:
     def scaled(self, factor: float) -> TokenBucket:
         return replace(self, rate=self.rate * factor, burst=self.burst * factor)
 
-    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
+        rate, burst = self.rate, self.burst
         if state is None:
-            tokens, last = self.burst, now
+            tokens = burst
         else:
             tokens, last = state
-            now = max(now, last)
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if cost > self.burst:
-            return state, _denied(self.burst, tokens, 0.0, math.inf)
+            if now < last:
+                now = last
+            tokens += (now - last) * rate
+            if tokens > burst:
+                tokens = burst
         if cost > tokens + EPSILON:
-            reset = (self.burst - tokens) / self.rate
-            return state, _denied(self.burst, tokens, reset, (cost - tokens) / self.rate)
+            if cost > burst:
+                return _denied(state, tokens, (burst - tokens) / rate, math.inf)
+            return _denied(state, tokens, (burst - tokens) / rate, (cost - tokens) / rate)
         tokens -= cost
-        return (tokens, now), _allowed(self.burst, tokens, (self.burst - tokens) / self.rate)
+        return (tokens, now), True, tokens if tokens > 0.0 else 0.0, (burst - tokens) / rate, 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class GCRA:
+class GCRA(_Stepper):
     """Generic cell rate algorithm (leaky bucket as a meter), one timestamp per key.
 
     Emission interval ``T = 1/rate``, tolerance ``tau = burst * T``. State is the
@@ -176,18 +195,15 @@ class GCRA:
     kind: ClassVar[str] = "gcra"
     rate: float
     burst: float
+    # Derived once: read on every hit.
+    limit: float = field(init=False, repr=False, compare=False)
+    window: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate", _positive("rate", self.rate))
         object.__setattr__(self, "burst", _positive("burst", self.burst))
-
-    @property
-    def limit(self) -> float:
-        return self.burst
-
-    @property
-    def window(self) -> float | None:
-        return self.burst / self.rate
+        object.__setattr__(self, "limit", self.burst)
+        object.__setattr__(self, "window", self.burst / self.rate)
 
     def params(self) -> tuple[float, float]:
         return (self.rate, self.burst)
@@ -195,18 +211,18 @@ class GCRA:
     def scaled(self, factor: float) -> GCRA:
         return replace(self, rate=self.rate * factor, burst=self.burst * factor)
 
-    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         tat = now if state is None else max(state, now)
         tau = self.burst / self.rate
         if cost > self.burst:
-            return state, _denied(self.burst, (tau - (tat - now)) * self.rate, tat - now, math.inf)
+            return _denied(state, (tau - (tat - now)) * self.rate, tat - now, math.inf)
         new_tat = tat + cost / self.rate
         allow_at = new_tat - tau
         if allow_at > now + EPSILON:
             remaining = (tau - (tat - now)) * self.rate
-            return state, _denied(self.burst, remaining, tat - now, allow_at - now)
+            return _denied(state, remaining, tat - now, allow_at - now)
         remaining = (tau - (new_tat - now)) * self.rate
-        return new_tat, _allowed(self.burst, remaining, new_tat - now)
+        return new_tat, True, max(0.0, remaining), new_tat - now, 0.0
 
 
 def _free_by(entries: Sequence[tuple[float, float]], need: float, span: float, now: float) -> float:
@@ -220,7 +236,7 @@ def _free_by(entries: Sequence[tuple[float, float]], need: float, span: float, n
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowLog:
+class SlidingWindowLog(_Stepper):
     """At most ``limit`` units in any ``window`` seconds, exactly (one entry per hit).
 
     An entry made at ``t`` counts while ``now < t + window``. Memory per key is one
@@ -241,7 +257,7 @@ class SlidingWindowLog:
     def scaled(self, factor: float) -> SlidingWindowLog:
         return replace(self, limit=self.limit * factor)
 
-    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         entries: tuple[tuple[float, float], ...] = state or ()
         if entries:
             now = max(now, entries[-1][0])
@@ -249,18 +265,18 @@ class SlidingWindowLog:
         used = sum(c for _, c in entries)
         reset = _wait(entries[-1][0] + self.window, now) if entries else 0.0
         if cost > self.limit:
-            return state, _denied(self.limit, self.limit - used, reset, math.inf)
+            return _denied(state, self.limit - used, reset, math.inf)
         if used + cost > self.limit + EPSILON:
             retry = _free_by(entries, used + cost - self.limit, self.window, now)
-            return state, _denied(self.limit, self.limit - used, reset, retry)
+            return _denied(state, self.limit - used, reset, retry)
         if cost > 0:
             entries = (*entries, (now, cost))
             reset = self.window
-        return entries, _allowed(self.limit, self.limit - used - cost, reset)
+        return entries, True, max(0.0, self.limit - used - cost), reset, 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class FixedWindow:
+class FixedWindow(_Stepper):
     """At most ``limit`` units per window ``[k*window, (k+1)*window)``.
 
     Cheapest; allows up to ``2*limit`` across a window boundary.
@@ -280,22 +296,22 @@ class FixedWindow:
     def scaled(self, factor: float) -> FixedWindow:
         return replace(self, limit=self.limit * factor)
 
-    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         index = math.floor((now + EPSILON) / self.window)
         if state is not None and state[0] > index:  # clock stepped back
             index = state[0]
         count = state[1] if state is not None and state[0] == index else 0.0
         reset = _wait((index + 1) * self.window, now)
         if cost > self.limit:
-            return state, _denied(self.limit, self.limit - count, reset, math.inf)
+            return _denied(state, self.limit - count, reset, math.inf)
         if count + cost > self.limit + EPSILON:
-            return state, _denied(self.limit, self.limit - count, reset, reset)
+            return _denied(state, self.limit - count, reset, reset)
         count += cost
-        return (index, count), _allowed(self.limit, self.limit - count, reset if count else 0.0)
+        return (index, count), True, max(0.0, self.limit - count), reset if count else 0.0, 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowCounter:
+class SlidingWindowCounter(_Stepper):
     """Approximate sliding window from two fixed-window counters (what Cloudflare does).
 
     ``used = previous * (1 - elapsed/window) + current``; admitted when
@@ -318,7 +334,7 @@ class SlidingWindowCounter:
     def scaled(self, factor: float) -> SlidingWindowCounter:
         return replace(self, limit=self.limit * factor)
 
-    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         w, limit = self.window, self.limit
         index = math.floor((now + EPSILON) / w)
         prev = curr = 0.0
@@ -333,7 +349,7 @@ class SlidingWindowCounter:
         weight = 1.0 - elapsed / w
         used = prev * weight + curr
         if cost > limit:
-            return state, _denied(limit, limit - used, self._reset(prev, curr, elapsed), math.inf)
+            return _denied(state, limit - used, self._reset(prev, curr, elapsed), math.inf)
         if used + cost > limit + EPSILON:
             room = limit - curr - cost
             if room >= -EPSILON and prev > 0:
@@ -344,10 +360,10 @@ class SlidingWindowCounter:
                 later = w * (1.0 - (limit - cost) / curr) if curr > limit - cost else 0.0
                 retry = (w - elapsed) + later
             reset = self._reset(prev, curr, elapsed)
-            return state, _denied(limit, limit - used, reset, max(0.0, retry))
+            return _denied(state, limit - used, reset, max(0.0, retry))
         curr += cost
         reset = self._reset(prev, curr, elapsed)
-        return (index, prev, curr), _allowed(limit, limit - used - cost, reset)
+        return (index, prev, curr), True, max(0.0, limit - used - cost), reset, 0.0
 
     def _reset(self, prev: float, curr: float, elapsed: float) -> float:
         if curr > 0:
@@ -356,7 +372,7 @@ class SlidingWindowCounter:
 
 
 @dataclass(frozen=True, slots=True)
-class Concurrency:
+class Concurrency(_Stepper):
     """At most ``limit`` units held at once; each hit holds a lease until released.
 
     A lease that is neither released nor renewed expires ``lease`` seconds after it
@@ -371,9 +387,7 @@ class Concurrency:
         object.__setattr__(self, "limit", _positive("limit", self.limit))
         object.__setattr__(self, "lease", _seconds("lease", self.lease))
 
-    @property
-    def window(self) -> float | None:
-        return None
+    window: None = field(default=None, init=False, repr=False, compare=False)
 
     def params(self) -> tuple[float, float]:
         return (self.limit, self.lease)
@@ -385,21 +399,20 @@ class Concurrency:
         held: tuple[tuple[str, float, float], ...] = state or ()
         return tuple(h for h in held if h[1] - now > EPSILON)
 
-    def step(self, state: State, now: float, cost: float, lease: str = "") -> Step:
+    def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         held = self._alive(state, now)
         used = sum(h[2] for h in held)
         reset = _wait(max(h[1] for h in held), now) if held else 0.0
         if cost > self.limit:
-            return state, _denied(self.limit, self.limit - used, reset, math.inf)
+            return _denied(state, self.limit - used, reset, math.inf)
         if used + cost > self.limit + EPSILON:
             by_expiry = sorted((h[1], h[2]) for h in held)
             retry = _free_by(by_expiry, used + cost - self.limit, 0.0, now)
-            return state, _denied(self.limit, self.limit - used, reset, retry)
+            return _denied(state, self.limit - used, reset, retry)
         if cost > 0:
             held = (*held, (lease, now + self.lease, cost))
             reset = max(reset, self.lease)
-        decision = _allowed(self.limit, self.limit - used - cost, reset)
-        return held, replace(decision, lease=lease or None) if cost > 0 else decision
+        return held, True, max(0.0, self.limit - used - cost), reset, 0.0
 
     def release(self, state: State, lease: str, now: float) -> tuple[State, float]:
         """Drop ``lease``; return the new state and its time to live."""
@@ -434,21 +447,31 @@ def decide_group(
     written) and one decision per request, named after it. When the group is
     denied, the limits that would have admitted report their quota untouched.
     """
-    steps = [
-        r.algorithm.step(s, now, r.cost, r.lease) for r, s in zip(requests, states, strict=True)
+    outcomes = [
+        r.algorithm.advance(s, now, r.cost, r.lease) for r, s in zip(requests, states, strict=True)
     ]
-    if all(d.allowed for _, d in steps):
-        return [s for s, _ in steps], [_named(r, d) for r, (_, d) in zip(requests, steps)]
+    committed = all(o[1] for o in outcomes)
     decisions = []
-    for r, s, (_, d) in zip(requests, states, steps):
-        if d.allowed:
-            d = r.algorithm.step(s, now, 0.0)[1]
-        decisions.append(_named(r, d))
-    return None, decisions
+    for r, s, o in zip(requests, states, outcomes):
+        if not committed and o[1]:
+            o = r.algorithm.advance(s, now, 0.0)
+        decisions.append(make_decision(r.algorithm, r.name, o, r.lease if committed else ""))
+    return ([o[0] for o in outcomes] if committed else None), decisions
 
 
-def _named(request: LimitRequest, decision: Decision) -> Decision:
-    return replace(decision, name=request.name, window=request.algorithm.window)
+def make_decision(algorithm: Algorithm, name: str, outcome: Outcome, lease: str = "") -> Decision:
+    """The Decision for ``outcome`` of ``algorithm`` under policy ``name``."""
+    _, allowed, remaining, reset, retry = outcome
+    return Decision(
+        allowed,
+        algorithm.limit,
+        remaining,
+        reset,
+        retry,
+        name,
+        algorithm.window,
+        lease if lease and allowed else None,
+    )
 
 
 def outage_decision(request: LimitRequest, allowed: bool, retry_after: float) -> Decision:

@@ -13,15 +13,18 @@
 from __future__ import annotations
 
 import threading
+import time as _time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
-from ..core._limiters import Concurrency, Decision, LimitRequest, decide_group
+from ..core._limiters import Algorithm, Concurrency, Decision, LimitRequest, decide_group
 
 __all__ = ["MemoryStore"]
+
+_new = tuple.__new__
 
 
 class MemoryStore:
@@ -32,7 +35,16 @@ class MemoryStore:
     ``clock`` supplies ``monotonic()`` (default: the system clock).
     """
 
-    __slots__ = ("_data", "_lock", "clock", "instances", "max_keys")
+    __slots__ = (
+        "__weakref__",
+        "_data",
+        "_lock",
+        "_monotonic",
+        "_writes",
+        "clock",
+        "instances",
+        "max_keys",
+    )
 
     def __init__(
         self, *, max_keys: int = 100_000, clock: Clock | None = None, instances: int = 1
@@ -42,8 +54,12 @@ class MemoryStore:
         self.max_keys = max_keys
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.instances = instances
+        # The system clock's bound method costs a Python call per hit; time.monotonic
+        # is the same reading without it.
+        self._monotonic = _time.monotonic if self.clock is SYSTEM_CLOCK else self.clock.monotonic
         self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        self._writes = 0
 
     def __len__(self) -> int:
         return len(self._data)
@@ -71,13 +87,39 @@ class MemoryStore:
             return
         data[key] = (now + ttl, state)
         data.move_to_end(key)
-        for _ in range(2):  # drop expired keys from the cold end, a little per write
-            oldest = next(iter(data))
-            if data[oldest][0] > now:
-                break
-            del data[oldest]
-        while len(data) > self.max_keys:
+        self._writes += 1
+        if not self._writes & 7:  # every 8th write: drop expired keys at the cold end
+            for _ in range(4):
+                oldest = next(iter(data))
+                if data[oldest][0] > now:
+                    break
+                del data[oldest]
+        if len(data) > self.max_keys:
             data.popitem(last=False)
+
+    def decide_one(
+        self, algorithm: Algorithm, name: str, key: str, cost: float, lease: str = ""
+    ) -> Decision:
+        """Decide one limit (the hot path of ``RateLimiter.hit``)."""
+        skey = name + "\x00" + key
+        data = self._data
+        with self._lock:
+            now = self._monotonic()
+            entry = data.get(skey)
+            state = None if entry is None or entry[0] <= now else entry[1]
+            new, allowed, remaining, reset, retry = algorithm.advance(state, now, cost, lease)
+            if allowed and cost > 0:
+                if entry is not None and reset > 0:  # _put, inlined for the hot path
+                    data[skey] = (now + reset, new)
+                    data.move_to_end(skey)
+                else:
+                    self._put(skey, new, reset, now)
+        held = (lease or None) if allowed and cost > 0 else None
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (hot path).
+        return _new(
+            Decision,
+            (allowed, algorithm.limit, remaining, reset, retry, name, algorithm.window, held, ()),
+        )
 
     def decide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """Decide several limits at once, all or nothing."""
@@ -87,8 +129,9 @@ class MemoryStore:
             states = [self._get(k, now) for k in keys]
             new_states, decisions = decide_group(requests, states, now)
             if new_states is not None:
-                for key, state, decision in zip(keys, new_states, decisions):
-                    self._put(key, state, decision.reset_after, now)
+                for key, state, r, d in zip(keys, new_states, requests, decisions):
+                    if r.cost > 0:
+                        self._put(key, state, d.reset_after, now)
         return decisions
 
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:

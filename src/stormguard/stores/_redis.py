@@ -76,7 +76,7 @@ def _is_noscript(exc: Exception) -> bool:
 
 
 class _RedisBase:
-    __slots__ = ("instances", "prefix", "url")
+    __slots__ = ("__weakref__", "instances", "prefix", "url")
 
     def __init__(self, url: str, prefix: str, instances: int) -> None:
         self.url = url

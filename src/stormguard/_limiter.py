@@ -1,0 +1,427 @@
+# Rate limiters: the adapters around core/_limiters.py.
+#
+# A limiter names a policy (algorithm + name) and asks a store to decide. The
+# store does the arithmetic (MemoryStore in-process, RedisStore in one Lua call),
+# so the sync and async limiters differ only in `await`; everything else -- the
+# request, the outage bookkeeping, the fallback decisions -- is in `_Group` below.
+#
+# Store outages. When a store raises StoreError, each limiter answers by its
+# `on_store_error` mode:
+#   "open"   -> allow (availability first);
+#   "closed" -> deny, retry_after = retry_store_after (protection first);
+#   "local"  -> decide in a process-local MemoryStore with the quota divided by
+#               `instances`, so a fleet of N gateways keeps about the global limit.
+# The first failure of an outage logs one warning on the `stormguard` logger and
+# counts in `stats`; while the store is down, it is tried again at most once per
+# `retry_store_after` seconds (other calls go straight to the fallback, so a dead
+# Redis costs one bounded timeout per interval, not one per request); the first
+# success logs the recovery. Outage state and the local fallback store belong to
+# the store, so every limiter sharing a store sees one outage.
+from __future__ import annotations
+
+import logging
+import math
+import os
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeAlias
+
+from ._clock import SYSTEM_CLOCK, Clock
+from ._errors import ConfigError, RateLimited, StoreError
+from .core._limiters import (
+    Algorithm,
+    Concurrency,
+    Decision,
+    LimitRequest,
+    combine,
+    default_name,
+    outage_decision,
+)
+from .stores._memory import MemoryStore
+
+__all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
+
+OnStoreError: TypeAlias = Literal["open", "closed", "local"]
+_MODES = ("open", "closed", "local")
+_log = logging.getLogger("stormguard")
+_INF = math.inf
+
+
+class SyncStore(Protocol):
+    """What a sync limiter needs from a store."""
+
+    def decide(self, requests: Sequence[LimitRequest]) -> list[Decision]: ...
+    def release(self, request: LimitRequest) -> None: ...
+    def renew(self, request: LimitRequest) -> bool: ...
+
+
+class AsyncStore(Protocol):
+    """What an async limiter needs from a store."""
+
+    async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]: ...
+    async def arelease(self, request: LimitRequest) -> None: ...
+    async def arenew(self, request: LimitRequest) -> bool: ...
+
+
+@dataclass
+class LimiterStats:
+    """Counters of one limiter (the outage metric).
+
+    ``store_errors``: store calls that failed. ``fallback_decisions``: hits decided
+    by ``on_store_error`` instead of the store. ``outages``: outages seen begin.
+    """
+
+    store_errors: int = 0
+    fallback_decisions: int = 0
+    outages: int = 0
+
+
+class _Health:
+    # Outage state of one store, shared by every limiter that uses it.
+    __slots__ = ("down_since", "local", "probe_at")
+
+    def __init__(self, clock: Clock) -> None:
+        self.down_since: float | None = None
+        self.probe_at = 0.0
+        self.local = MemoryStore(clock=clock)
+
+
+_HEALTH: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
+
+
+def _health(store: object, clock: Clock) -> _Health:
+    health = _HEALTH.get(store)
+    if health is None:
+        health = _HEALTH.setdefault(store, _Health(clock))
+    return health
+
+
+def _check_cost(cost: float) -> float:
+    if not 0 <= cost < math.inf:
+        raise ConfigError("cost", f"must be >= 0 and finite, got {cost!r}")
+    return float(cost)
+
+
+class _LimiterBase:
+    __slots__ = (
+        "_health",
+        "_leases",
+        "_memory",
+        "algorithm",
+        "clock",
+        "instances",
+        "name",
+        "on_store_error",
+        "retry_store_after",
+        "stats",
+        "store",
+    )
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        store: object,
+        *,
+        name: str | None,
+        on_store_error: OnStoreError,
+        instances: int | None,
+        clock: Clock | None,
+        retry_store_after: float,
+    ) -> None:
+        if on_store_error not in _MODES:
+            raise ConfigError("on_store_error", f"must be one of {_MODES}, got {on_store_error!r}")
+        if instances is None:
+            instances = getattr(store, "instances", 1)
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ConfigError("instances", f"must be an integer >= 1, got {instances!r}")
+        if not 0 < retry_store_after < math.inf:
+            raise ConfigError("retry_store_after", f"must be > 0, got {retry_store_after!r}")
+        self.algorithm = algorithm
+        self.store = store
+        self.name = name or default_name(algorithm)
+        self.on_store_error: OnStoreError = on_store_error
+        self.instances = instances
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        self.retry_store_after = float(retry_store_after)
+        self.stats = LimiterStats()
+        self._health = _health(store, self.clock)
+        self._leases = isinstance(algorithm, Concurrency)
+        # MemoryStore never fails: hits skip the outage bookkeeping entirely.
+        self._memory = store if type(store) is MemoryStore else None
+
+    @property
+    def store_down(self) -> bool:
+        """Whether the store is in an outage (decisions follow ``on_store_error``)."""
+        return self._health.down_since is not None
+
+    def _request(self, key: str, cost: float, lease: str = "") -> LimitRequest:
+        if self._leases and not lease:
+            lease = os.urandom(9).hex()
+        return LimitRequest(self.algorithm, key, self.name, _check_cost(cost), lease)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.algorithm!r}, {self.store!r}, name={self.name!r}, "
+            f"on_store_error={self.on_store_error!r})"
+        )
+
+
+class _Group:
+    # One call: the limiters, their requests, and what to do when the store fails.
+    __slots__ = ("health", "limiters", "requests", "store")
+
+    def __init__(self, items: Sequence[tuple[_LimiterBase, str]], cost: float) -> None:
+        if not items:
+            raise ConfigError("items", "needs at least one (limiter, key) pair")
+        self.limiters = [limiter for limiter, _ in items]
+        self.store = self.limiters[0].store
+        if any(limiter.store is not self.store for limiter in self.limiters):
+            raise ConfigError("items", "every limiter of one call must share one store")
+        self.health = self.limiters[0]._health
+        self.requests = [limiter._request(key, cost) for limiter, key in items]
+
+    def try_store(self) -> bool:
+        health = self.health
+        if health.down_since is None:
+            return True
+        now = self.limiters[0].clock.monotonic()
+        if now < health.probe_at:
+            return False
+        health.probe_at = now + self.limiters[0].retry_store_after
+        return True
+
+    def succeeded(self) -> None:
+        health = self.health
+        if health.down_since is not None:
+            lead = self.limiters[0]
+            down_for = lead.clock.monotonic() - health.down_since
+            health.down_since = None
+            _log.warning("limiter store %r is back after %.1fs", self.store, down_for)
+
+    def failed(self, exc: StoreError) -> None:
+        health, lead = self.health, self.limiters[0]
+        for limiter in self.limiters:
+            limiter.stats.store_errors += 1
+        if health.down_since is None:
+            now = lead.clock.monotonic()
+            health.down_since = now
+            health.probe_at = now + lead.retry_store_after
+            for limiter in self.limiters:
+                limiter.stats.outages += 1
+            modes = ", ".join(sorted({limiter.on_store_error for limiter in self.limiters}))
+            _log.warning(
+                "limiter store %r failed (%s); deciding on_store_error=%s until it is back",
+                self.store,
+                exc,
+                modes,
+            )
+
+    def fallback(self) -> Decision:
+        limiters, requests = self.limiters, self.requests
+        for limiter in limiters:
+            limiter.stats.fallback_decisions += 1
+        modes = [limiter.on_store_error for limiter in limiters]
+        decisions: list[Decision | None] = [None] * len(requests)
+        local = [i for i, mode in enumerate(modes) if mode == "local"]
+        if local and "closed" not in modes:
+            scaled = [self._scaled(limiters[i], requests[i]) for i in local]
+            for i, decision in zip(local, self.health.local.decide(scaled)):
+                decisions[i] = decision
+        for i, (limiter, request) in enumerate(zip(limiters, requests)):
+            if decisions[i] is None:
+                closed = limiter.on_store_error == "closed"
+                decisions[i] = outage_decision(request, not closed, limiter.retry_store_after)
+        return combine([d for d in decisions if d is not None])
+
+    @staticmethod
+    def _scaled(limiter: _LimiterBase, request: LimitRequest) -> LimitRequest:
+        algorithm = request.algorithm.scaled(1 / limiter.instances)
+        return LimitRequest(algorithm, request.key, request.name, request.cost, request.lease)
+
+
+def _lease_of(lease: str | Decision) -> str:
+    token = lease.lease if isinstance(lease, Decision) else lease
+    if not token:
+        raise ConfigError("lease", "no lease to release (was the hit allowed?)")
+    return token
+
+
+class RateLimiter(_LimiterBase):
+    """Decide hits against ``algorithm`` with state in ``store`` (default: a MemoryStore).
+
+    ``hit(key, cost=1)`` returns a :class:`Decision`. ``name`` is the policy name in
+    headers and keys (default: derived from the algorithm and its parameters).
+    ``on_store_error`` is ``"open"``, ``"closed"`` or ``"local"`` (see the module
+    notes); ``instances`` is the fleet size that ``"local"`` divides the quota by
+    (default: the store's ``instances``, else 1).
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        store: SyncStore | None = None,
+        *,
+        name: str | None = None,
+        on_store_error: OnStoreError = "open",
+        instances: int | None = None,
+        clock: Clock | None = None,
+        retry_store_after: float = 1.0,
+    ) -> None:
+        super().__init__(
+            algorithm,
+            store if store is not None else MemoryStore(clock=clock),
+            name=name,
+            on_store_error=on_store_error,
+            instances=instances,
+            clock=clock,
+            retry_store_after=retry_store_after,
+        )
+
+    def hit(self, key: str, cost: float = 1.0) -> Decision:
+        """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
+        memory = self._memory
+        if memory is not None and 0 <= cost < _INF:
+            lease = os.urandom(9).hex() if self._leases else ""
+            return memory.decide_one(self.algorithm, self.name, key, float(cost), lease)
+        return RateLimiter.hit_many(((self, key),), cost)
+
+    @staticmethod
+    def hit_many(items: Sequence[tuple[RateLimiter, str]], cost: float = 1.0) -> Decision:
+        """Decide several limits for one request, all or nothing, in one store call.
+
+        ``items`` pairs each limiter (all on one store) with its key, e.g. per
+        client, per route and global. A denial by one consumes nothing from the
+        others. The result is allowed only if every limit allowed; ``parts`` holds
+        each limit's decision and ``headers()`` renders all of them.
+        """
+        group = _Group(items, cost)
+        store: SyncStore = group.store  # type: ignore[assignment]
+        if group.try_store():
+            try:
+                decisions = store.decide(group.requests)
+            except StoreError as exc:
+                group.failed(exc)
+            else:
+                group.succeeded()
+                return combine(decisions)
+        return group.fallback()
+
+    def release(self, key: str, lease: str | Decision) -> None:
+        """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
+        request = self._request(key, 0.0, _lease_of(lease))
+        store: SyncStore = self.store  # type: ignore[assignment]
+        try:
+            store.release(request)
+        except StoreError:
+            _log.debug("release of %r on %r failed; the lease will expire", key, self.store)
+        if self._health.down_since is not None or self.on_store_error == "local":
+            self._health.local.release(request)
+
+    def renew(self, key: str, lease: str | Decision) -> bool:
+        """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
+        request = self._request(key, 0.0, _lease_of(lease))
+        store: SyncStore = self.store  # type: ignore[assignment]
+        try:
+            return store.renew(request)
+        except StoreError:
+            return self._health.local.renew(request)
+
+    @contextmanager
+    def lease(self, key: str, cost: float = 1.0) -> Iterator[Decision]:
+        """Hold ``cost`` slots for the block; raise :class:`RateLimited` when refused."""
+        decision = self.hit(key, cost)
+        if not decision.allowed:
+            raise RateLimited(decision.retry_after)
+        try:
+            yield decision
+        finally:
+            if decision.lease:
+                self.release(key, decision)
+
+
+class AsyncRateLimiter(_LimiterBase):
+    """The asyncio twin of :class:`RateLimiter` (``await limiter.hit(key)``)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        store: AsyncStore | None = None,
+        *,
+        name: str | None = None,
+        on_store_error: OnStoreError = "open",
+        instances: int | None = None,
+        clock: Clock | None = None,
+        retry_store_after: float = 1.0,
+    ) -> None:
+        super().__init__(
+            algorithm,
+            store if store is not None else MemoryStore(clock=clock),
+            name=name,
+            on_store_error=on_store_error,
+            instances=instances,
+            clock=clock,
+            retry_store_after=retry_store_after,
+        )
+
+    async def hit(self, key: str, cost: float = 1.0) -> Decision:
+        """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
+        memory = self._memory
+        if memory is not None and 0 <= cost < _INF:
+            lease = os.urandom(9).hex() if self._leases else ""
+            return memory.decide_one(self.algorithm, self.name, key, float(cost), lease)
+        return await AsyncRateLimiter.hit_many(((self, key),), cost)
+
+    @staticmethod
+    async def hit_many(
+        items: Sequence[tuple[AsyncRateLimiter, str]], cost: float = 1.0
+    ) -> Decision:
+        """Decide several limits for one request, all or nothing, in one store call."""
+        group = _Group(items, cost)
+        store: AsyncStore = group.store  # type: ignore[assignment]
+        if group.try_store():
+            try:
+                decisions = await store.adecide(group.requests)
+            except StoreError as exc:
+                group.failed(exc)
+            else:
+                group.succeeded()
+                return combine(decisions)
+        return group.fallback()
+
+    async def release(self, key: str, lease: str | Decision) -> None:
+        """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
+        request = self._request(key, 0.0, _lease_of(lease))
+        store: AsyncStore = self.store  # type: ignore[assignment]
+        try:
+            await store.arelease(request)
+        except StoreError:
+            _log.debug("release of %r on %r failed; the lease will expire", key, self.store)
+        if self._health.down_since is not None or self.on_store_error == "local":
+            self._health.local.release(request)
+
+    async def renew(self, key: str, lease: str | Decision) -> bool:
+        """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
+        request = self._request(key, 0.0, _lease_of(lease))
+        store: AsyncStore = self.store  # type: ignore[assignment]
+        try:
+            return await store.arenew(request)
+        except StoreError:
+            return self._health.local.renew(request)
+
+    @asynccontextmanager
+    async def lease(self, key: str, cost: float = 1.0) -> AsyncIterator[Decision]:
+        """Hold ``cost`` slots for the block; raise :class:`RateLimited` when refused."""
+        decision = await self.hit(key, cost)
+        if not decision.allowed:
+            raise RateLimited(decision.retry_after)
+        try:
+            yield decision
+        finally:
+            if decision.lease:
+                await self.release(key, decision)
