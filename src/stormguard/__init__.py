@@ -29,6 +29,7 @@ from .core._backoff import (
     FullJitter,
     NoBackoff,
 )
+from .core._headers import Quota, parse_rate_limits, parse_retry_after, wait_hint
 from .core._limiters import (
     GCRA,
     Concurrency,
@@ -60,6 +61,7 @@ __all__ = [
     "GiveUpReason",
     "MissingExtra",
     "NoBackoff",
+    "Quota",
     "RateLimited",
     "RateLimiter",
     "RetryError",
@@ -71,5 +73,8 @@ __all__ = [
     "StoreError",
     "StormguardError",
     "TokenBucket",
+    "parse_rate_limits",
+    "parse_retry_after",
     "retry",
+    "wait_hint",
 ]
