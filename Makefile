@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 
 types: $(STAMP)
-	$(BIN)/mypy src
+	$(BIN)/mypy src tests/typing
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest

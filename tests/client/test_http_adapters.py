@@ -318,3 +318,35 @@ def test_requests_adapter_rejects_max_retries() -> None:
     """urllib3 retries are off: passing max_retries is an error, not a silent double retry."""
     with pytest.raises(TypeError, match="max_retries"):
         RetryAdapter(max_retries=3)
+
+
+HOSTILE = [
+    {"Retry-After": "86400"},
+    {"Retry-After": "9999999999"},
+    {"Retry-After": "-1"},
+    {"Retry-After": "soon, I promise"},
+    {"Retry-After": "Sun, 06 Nov 1994 08:49:37 GMT"},
+    {"Retry-After": "Fri, 01 Jan 2100 00:00:00 GMT"},
+    {"Retry-After": "1" * 10_000},
+    {"Retry-After": "9" * 400 + ".5"},
+    {"Retry-After": "nan"},
+    {"Retry-After": "inf"},
+    {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "99999999999999999999"},
+    {"RateLimit": "x;r=0;t=" + "9" * 5000},
+    {"RateLimit-Policy": '"' * 3000},
+]
+
+
+@pytest.mark.parametrize("headers", HOSTILE, ids=[str(i) for i in range(len(HOSTILE))])
+def test_hostile_headers_never_crash_or_oversleep(
+    server: ScriptedServer, send: Sender, headers: dict[str, str]
+) -> None:
+    """Hostile wait headers neither raise nor make the client sleep past its deadline."""
+    server.script(Step(503, headers), Step(503, headers), Step(200))
+    clock = FakeClock()
+    policy = RetryPolicy(attempts=3, deadline=30, max_wait=60)
+    result = send(server.url, policy=policy, clock=clock)
+    assert result.error is None
+    assert result.status in (200, 503)
+    assert sum(clock.sleeps) < 30
+    assert all(wait >= 0 for wait in clock.sleeps)

@@ -1,0 +1,46 @@
+"""Typing checks of the public API: checked by mypy --strict (make types), never run."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import requests
+
+import stormguard
+from stormguard.httpx import RetryTransport
+from stormguard.requests import RetryAdapter
+
+
+@stormguard.retry
+def bare(x: int) -> str:
+    return str(x)
+
+
+@stormguard.retry(on=(OSError, TimeoutError), attempts=3, backoff=stormguard.EqualJitter(1, 5))
+def configured(x: int, *, y: str = "") -> list[int]:
+    return [x]
+
+
+@stormguard.retry(on=lambda exc: isinstance(exc, OSError), deadline=5.0)
+async def coroutine(x: int) -> float:
+    await asyncio.sleep(0)
+    return float(x)
+
+
+def use() -> None:
+    text: str = bare(1)
+    numbers: list[int] = configured(2, y="z")
+    value: float = asyncio.run(coroutine(3))
+    policy = stormguard.RetryPolicy(attempts=2, backoff=stormguard.DecorrelatedJitter(0.1, 2))
+    policy = policy.replace(max_wait=5)
+    delay: float = stormguard.FullJitter().delay(1, random.Random(0))
+    client = httpx.Client(transport=RetryTransport(policy=policy, idempotency_keys=True))
+    aclient = httpx.AsyncClient(transport=RetryTransport(httpx.AsyncHTTPTransport()))
+    session = requests.Session()
+    session.mount("https://", RetryAdapter(policy=policy, pool_maxsize=4))
+    hook_records: list[stormguard.RetryRecord] = []
+    stormguard.retry(on_retry=hook_records.append)(bare)
+    reason: str = stormguard.GiveUpReason.DEADLINE
+    print(text, numbers, value, delay, client, aclient, reason)
