@@ -60,9 +60,7 @@ def test_same_seed_same_files(scenario: str, tmp_path: Path) -> None:
     for name, seed in (("a", "7"), ("b", "7"), ("c", "8")):
         _simulate(scenario, tmp_path / name, "--seed", seed, "--no-plot")
     for suffix in ("csv", "json"):
-        a, b, c = (
-            (tmp_path / d / f"{scenario}.{suffix}").read_bytes() for d in ("a", "b", "c")
-        )
+        a, b, c = ((tmp_path / d / f"{scenario}.{suffix}").read_bytes() for d in ("a", "b", "c"))
         assert a == b
         assert a != c
 
