@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+import stormguard
 from stormguard.mock import MockServer
 
 Factory = Callable[..., MockServer]
@@ -281,6 +282,8 @@ def test_rate_limit_answers_429_in_the_chosen_style(
     assert names <= set(codes[2].headers)
     assert int(codes[2].headers["retry-after"]) >= 1
     assert other.status_code == 200
+    quotas = stormguard.parse_rate_limits(codes[2].headers, now=time.time())
+    assert any(q.limit == 2 and q.remaining == 0 for q in quotas)
     assert mock.journal()[2]["outcome"] == "rate-limited"
     assert mock.journal()[2]["retry_after"] >= 1
 
@@ -295,11 +298,10 @@ def test_global_rate_limit_is_shared(stormguard_mock: Factory) -> None:
 
 def test_rate_limit_headers_parse_with_stormguard(stormguard_mock: Factory) -> None:
     """The 429's headers give stormguard's own wait_hint a positive wait."""
-    wait_hint = pytest.importorskip("stormguard.core._headers").wait_hint
     mock = stormguard_mock(one_route(rate_limit={"limit": 1, "window": 5, "headers": "github"}))
     httpx.get(mock.url + "/x")
     refused = httpx.get(mock.url + "/x")
-    hint = wait_hint(refused.status_code, refused.headers, now=time.time())
+    hint = stormguard.wait_hint(refused.status_code, refused.headers, now=time.time())
     assert hint is not None
     assert 0 < hint <= 6
 

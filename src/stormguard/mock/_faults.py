@@ -61,79 +61,35 @@ class Quota:
 # --- rate limiting ------------------------------------------------------------------
 
 
-def _stormguard_limiter(spec: RateLimit) -> Callable[[str], Quota] | None:
-    # stormguard's own limiters (FixedWindow / TokenBucket + RateLimiter). Only used
-    # when they are importable and behave as DESIGN.md promises; else the fallback.
-    try:
-        import stormguard
+def make_limiter(spec: RateLimit) -> Callable[[str], Quota]:
+    """A function ``hit(key) -> Quota`` for one route's rate limit.
 
-        if spec.algorithm == "token-bucket":
-            algorithm = stormguard.TokenBucket(spec.limit / spec.window, spec.limit)  # type: ignore[attr-defined]
-        else:
-            algorithm = stormguard.FixedWindow(spec.limit, spec.window)  # type: ignore[attr-defined]
-        limiter = stormguard.RateLimiter(algorithm)  # type: ignore[attr-defined]
-    except (ImportError, AttributeError, TypeError):
-        return None
+    Built on stormguard's own limiters (FixedWindow / TokenBucket + RateLimiter in
+    memory): the mock refuses exactly as a stormguard gateway would.
+    """
+    from .. import FixedWindow, RateLimiter, TokenBucket
+
+    algorithm: FixedWindow | TokenBucket
+    if spec.algorithm == "token-bucket":
+        algorithm = TokenBucket(spec.limit / spec.window, spec.limit)
+    else:
+        algorithm = FixedWindow(spec.limit, spec.window)
+    limiter = RateLimiter(algorithm)
 
     def hit(key: str) -> Quota:
         decision = limiter.hit(key)
-        remaining = decision.remaining
+        retry_after = decision.retry_after
+        if not math.isfinite(retry_after):
+            retry_after = spec.window
         return Quota(
-            allowed=bool(decision.allowed),
-            limit=int(decision.limit) if decision.limit is not None else spec.limit,
-            remaining=max(0, int(remaining)) if remaining is not None else 0,
-            reset_after=float(decision.reset_after or 0.0),
-            retry_after=float(decision.retry_after or 0.0),
+            allowed=decision.allowed,
+            limit=int(decision.limit),
+            remaining=max(0, int(decision.remaining)),
+            reset_after=max(0.0, float(decision.reset_after)),
+            retry_after=max(0.0, float(retry_after)),
         )
 
     return hit
-
-
-def _fallback_limiter(spec: RateLimit) -> Callable[[str], Quota]:
-    # A tiny in-memory fixed window / token bucket on the monotonic clock, used only
-    # when stormguard's limiters are not importable.
-    windows: dict[str, tuple[float, int]] = {}
-    buckets: dict[str, tuple[float, float]] = {}
-    rate = spec.limit / spec.window
-
-    def hit(key: str) -> Quota:
-        now = time.monotonic()
-        if spec.algorithm == "token-bucket":
-            tokens, last = buckets.get(key, (float(spec.limit), now))
-            tokens = min(float(spec.limit), tokens + (now - last) * rate)
-            allowed = tokens >= 1.0
-            if allowed:
-                tokens -= 1.0
-            buckets[key] = (tokens, now)
-            missing = max(0.0, 1.0 - tokens)
-            return Quota(
-                allowed=allowed,
-                limit=spec.limit,
-                remaining=int(tokens),
-                reset_after=(spec.limit - tokens) / rate,
-                retry_after=0.0 if allowed else missing / rate,
-            )
-        start, used = windows.get(key, (now, 0))
-        if now - start >= spec.window:
-            start, used = start + spec.window * ((now - start) // spec.window), 0
-        allowed = used < spec.limit
-        used += 1 if allowed else 0
-        windows[key] = (start, used)
-        reset_after = max(0.0, start + spec.window - now)
-        return Quota(
-            allowed=allowed,
-            limit=spec.limit,
-            remaining=spec.limit - used,
-            reset_after=reset_after,
-            retry_after=0.0 if allowed else reset_after,
-        )
-
-    return hit
-
-
-def make_limiter(spec: RateLimit) -> Callable[[str], Quota]:
-    """A function ``hit(key) -> Quota`` for one route's rate limit."""
-    return _stormguard_limiter(spec) or _fallback_limiter(spec)
 
 
 def _go_duration(seconds: float) -> str:
