@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from ._retry_after import parse_go_duration, parse_http_date, parse_rfc3339
 
@@ -100,14 +100,23 @@ _NUMBER = re.compile(r"[0-9]{1,30}(?:\.[0-9]{1,20})?")
 _WINDOW_DIGITS = re.compile(r"[0-9]{1,9}")
 _LETTER = re.compile(r"[A-Za-z]")
 _LABEL = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]{0,126}[\x21-\x7e])?")
-_SF_KEY = re.compile(r"[A-Za-z*][A-Za-z0-9_.*-]*")
-_SF_BARE = re.compile(
-    r'"((?:[^"\\]|\\[\\"])*)"'  # 1: string
-    r"|(-?[0-9]{1,20}(?:\.[0-9]{1,20})?)"  # 2: integer or decimal
-    r"|:([A-Za-z0-9+/=]*):"  # 3: byte sequence
-    r"|\?([01])"  # 4: boolean
-    r"|([A-Za-z*][A-Za-z0-9_.:%*/!#$&'+^`|~-]*)"  # 5: token
+# RFC 8941 pieces. Possessive quantifiers (Python 3.11+) keep every match linear:
+# a failed dictionary key never backtracks into shorter keys.
+_SF_KEY = r"[A-Za-z*][A-Za-z0-9_.*-]*+"
+_SF_BARE = (
+    r'"((?:[^"\\]|\\[\\"])*+)"'  # string
+    r"|(-?[0-9]{1,20}+(?:\.[0-9]{1,20}+)?)"  # integer or decimal
+    r"|:([A-Za-z0-9+/=]*+):"  # byte sequence
+    r"|\?([01])"  # boolean
+    r"|([A-Za-z*][A-Za-z0-9_.:%*/!#$&'+^`|~-]*+)"  # token
 )
+_SF_BARE_PLAIN = re.sub(r"\((?!\?)", "(?:", _SF_BARE)
+_SF_MEMBER = re.compile(
+    rf"(?:({_SF_KEY})=)?(?:{_SF_BARE})"  # 1: key, 2-6: value
+    rf"((?:;[ ]*+{_SF_KEY}(?:=(?:{_SF_BARE_PLAIN}))?)*+)"  # 7: parameters
+    r"[ \t]*+(?:(,)[ \t]*+|\Z)"  # 8: a comma, or the end
+)
+_SF_PARAM = re.compile(rf";[ ]*+({_SF_KEY})(?:=(?:{_SF_BARE}))?")  # 1: key, 2-6: value
 _SF_ESCAPE = re.compile(r"\\(.)")
 
 _Bare: TypeAlias = float | str | bool | bytes
@@ -176,14 +185,19 @@ def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
     """Retry-After values and rate-limit fields by lower-case name, in order."""
     retry_after: list[str] = []
     fields: dict[str, list[str]] = {}
-    items: Iterable[object] = headers.items() if isinstance(headers, Mapping) else headers
+    items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
     for item in items:
-        if not isinstance(item, tuple) or len(item) != 2:
-            continue
-        name, value = _text(item[0]), _text(item[1])
+        try:
+            raw_name, raw_value = item
+        except (TypeError, ValueError):
+            continue  # not a pair
+        name = raw_name if isinstance(raw_name, str) else _text(raw_name)
+        value = raw_value if isinstance(raw_value, str) else _text(raw_value)
         if name is None or value is None or len(value) > _MAX_FIELD:
             continue
-        lname = name.strip(_WS).lower()
+        lname = name.lower()
+        if lname[-1:] in _WS or lname[:1] in _WS:
+            lname = lname.strip(_WS)
         if lname == "retry-after":
             if len(retry_after) < _MAX_REPEATS:
                 retry_after.append(value)
@@ -237,14 +251,10 @@ def _classify(lname: str) -> tuple[str, str | None, float | None] | None:
 # ------------------------------------------------------------ structured fields
 
 
-def _skip_ws(text: str, index: int) -> int:
-    while index < len(text) and text[index] in " \t":
-        index += 1
-    return index
-
-
-def _bare(match: re.Match[str]) -> _Bare:
-    string, number, octets, boolean, token = match.group(1, 2, 3, 4, 5)
+def _bare(match: re.Match[str], first: int) -> _Bare:
+    string, number, octets, boolean, token = match.group(
+        first, first + 1, first + 2, first + 3, first + 4
+    )
     if string is not None:
         return _SF_ESCAPE.sub(r"\1", string)
     if number is not None:
@@ -264,44 +274,24 @@ def _sf_members(text: str) -> list[_Member] | None:
     """
     members: list[_Member] = []
     end = len(text)
-    index = _skip_ws(text, 0)
+    index = end - len(text.lstrip(" \t"))
     if index == end:
         return None
     while True:
-        key = None
-        key_match = _SF_KEY.match(text, index)
-        if key_match is not None and text.startswith("=", key_match.end()):
-            key = key_match[0].lower()
-            index = key_match.end() + 1
-        bare_match = _SF_BARE.match(text, index)
-        if bare_match is None:
+        match = _SF_MEMBER.match(text, index)
+        if match is None:
             return None
-        value = _bare(bare_match)
-        index = bare_match.end()
+        key = match[1]
         params: dict[str, _Bare] = {}
-        while text.startswith(";", index):
-            index = _skip_ws(text, index + 1)
-            param_match = _SF_KEY.match(text, index)
-            if param_match is None:
-                return None
-            index = param_match.end()
-            param_value: _Bare = True
-            if text.startswith("=", index):
-                value_match = _SF_BARE.match(text, index + 1)
-                if value_match is None:
-                    return None
-                param_value = _bare(value_match)
-                index = value_match.end()
-            params[param_match[0].lower()] = param_value
-        members.append((key, value, params))
-        index = _skip_ws(text, index)
-        if index == end or len(members) >= _MAX_MEMBERS:
+        if match[7]:
+            for param in _SF_PARAM.finditer(match[7]):
+                params[param[1].lower()] = True if param.end(1) == param.end() else _bare(param, 2)
+        members.append((key.lower() if key else None, _bare(match, 2), params))
+        index = match.end()
+        if match[8] is None or len(members) >= _MAX_MEMBERS:
             return members
-        if text[index] != ",":
-            return None
-        index = _skip_ws(text, index + 1)
         if index == end:
-            return None
+            return None  # a trailing comma
 
 
 def _non_negative(value: object) -> float | None:
@@ -491,8 +481,8 @@ def _build(fields: dict[str, list[str]], now: float) -> tuple[Quota, ...]:
     pooled: list[Quota] = []
     for (pool_name, window), pool in pools.items():
         pooled.extend(_pool_quotas(pool, pool_name, window))
-    quotas.extend(_merge_unwindowed(pooled))
-    return tuple(dict.fromkeys(quotas))
+    quotas.extend(_merge_unwindowed(pooled) if len(pooled) > 1 else pooled)
+    return tuple(dict.fromkeys(quotas)) if len(quotas) > 1 else tuple(quotas)
 
 
 def _merge_unwindowed(quotas: list[Quota]) -> list[Quota]:
