@@ -60,15 +60,24 @@ def plot_storm(results: Sequence[StormResult], config: StormConfig, path: Path) 
         1, len(results), figsize=(3.2 * len(results), 3.6), sharey=True, squeeze=False
     )
     for axes, result in zip(panels[0], results, strict=True):
-        seconds = list(range(len(result.timeline)))
         axes.axvspan(
             config.outage_start, config.outage_start + config.outage, color="grey", alpha=0.15
         )
-        axes.plot(seconds, [row[1] for row in result.timeline], label="attempts (offered)")
-        axes.plot(seconds, [row[2] for row in result.timeline], label="successes")
-        axes.plot(seconds, [row[3] for row in result.timeline], label="failures")
+        # The last bin holds only the retries still pending when arrivals stopped.
+        shown = [row for second, row in enumerate(result.timeline) if second < config.duration]
+        seconds = list(range(len(shown)))
+        axes.plot(
+            seconds,
+            [row[1] for row in shown],
+            color="tab:blue",
+            linewidth=4,
+            alpha=0.35,
+            label="attempts (offered load)",
+        )
+        axes.plot(seconds, [row[2] for row in shown], color="tab:green", label="successes")
+        axes.plot(seconds, [row[3] for row in shown], color="tab:red", label="failures")
         axes.axhline(config.rps, color="black", linewidth=0.6, linestyle=":")
-        axes.set(title=f"{result.strategy} ({result.server})", xlabel="second")
+        axes.set(title=f"{result.strategy} ({result.server} server)", xlabel="second")
         axes.grid(alpha=0.3)
     panels[0][0].set_ylabel("per second")
     panels[0][0].legend(fontsize="small")
