@@ -1,0 +1,177 @@
+"""RedisStore specifics: one round trip, hash tags, expiry, NOSCRIPT, error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from stormguard import (
+    GCRA,
+    AsyncRateLimiter,
+    Concurrency,
+    FixedWindow,
+    RateLimiter,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+    StoreError,
+    TokenBucket,
+)
+from stormguard.stores import AsyncRedisStore, RedisStore, from_url
+
+pytestmark = pytest.mark.redis
+redis = pytest.importorskip("redis")
+
+ALL = [
+    TokenBucket(1, 5),
+    GCRA(1, 5),
+    SlidingWindowLog(5, 60),
+    SlidingWindowCounter(5, 60),
+    FixedWindow(5, 60),
+    Concurrency(5, 60),
+]
+
+
+@pytest.fixture
+def store(redis_url: str, key_prefix: str) -> Iterator[RedisStore]:
+    """A RedisStore on the shared server; deletes its keys afterwards."""
+    store = RedisStore(redis_url, prefix=key_prefix)
+    yield store
+    keys = store.client.keys(key_prefix + "*")
+    if keys:
+        store.client.delete(*keys)
+    store.close()
+
+
+def _count_commands(store: RedisStore) -> list[str]:
+    sent: list[str] = []
+    execute = store.client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        sent.append(str(args[0]))
+        return execute(*args, **kwargs)
+
+    store.client.execute_command = counting  # type: ignore[method-assign]
+    return sent
+
+
+def test_several_limits_are_one_round_trip(store: RedisStore) -> None:
+    """Deciding six limits together sends exactly one command: EVALSHA."""
+    limiters = [RateLimiter(a, store) for a in ALL]
+    RateLimiter.hit_many([(limiter, "warm") for limiter in limiters])  # loads the script
+    sent = _count_commands(store)
+    for i in range(5):
+        RateLimiter.hit_many([(limiter, f"client-{i}") for limiter in limiters])
+        limiters[0].hit(f"client-{i}")
+    assert sent == ["EVALSHA"] * 10
+
+
+def test_keys_carry_a_hash_tag_and_expire(store: RedisStore, key_prefix: str) -> None:
+    """Every key is `prefix{name:key}[:aux]`, shares one cluster slot, and has a TTL."""
+    from redis.crc import key_slot
+
+    limiters = [RateLimiter(a, store) for a in ALL]
+    RateLimiter.hit_many([(limiter, "user:42") for limiter in limiters])
+    keys = [k.decode() for k in store.client.keys(key_prefix + "*")]
+    assert len(keys) >= len(ALL)
+    for key in keys:
+        assert key.startswith(key_prefix + "{") and "user:42}" in key
+        ttl = store.client.pttl(key)
+        assert 0 < ttl <= 2 * 60_000 + 1000  # sliding counter: two windows
+    log_key = store.key("sliding_window_log:5:60", "user:42")
+    assert key_slot(log_key.encode()) == key_slot((log_key + ":aux").encode())
+
+
+def test_key_builds_a_prefixed_hash_tag(store: RedisStore, key_prefix: str) -> None:
+    """key(*parts) joins the parts inside one hash tag after the prefix."""
+    assert store.key("breaker", "payments") == f"{key_prefix}{{breaker:payments}}"
+
+
+def test_noscript_falls_back_to_eval(owned_redis: Any) -> None:
+    """After SCRIPT FLUSH (or a server restart) the next hit still succeeds."""
+    with RedisStore(owned_redis.url) as store:
+        limiter = RateLimiter(FixedWindow(2, 60), store)
+        assert limiter.hit("k").allowed
+        store.client.script_flush()
+        assert limiter.hit("k").allowed
+        assert not limiter.hit("k").allowed
+        assert not limiter.store_down
+
+
+def test_redis_errors_surface_as_store_errors(store: RedisStore) -> None:
+    """A script error and a dead server both raise StoreError, never a redis error."""
+    with pytest.raises(StoreError) as info:
+        store.run_script("limit", [], ["no-such-mode"])
+    assert isinstance(info.value.__cause__, redis.RedisError)
+    dead = RedisStore("redis://127.0.0.1:1/0")
+    with pytest.raises(StoreError):
+        dead.run_script("limit", [], ["hit", 0])
+    with pytest.raises(StoreError):
+        dead.decide([])
+
+
+async def test_async_redis_errors_surface_as_store_errors() -> None:
+    """The async store maps connection failures to StoreError too."""
+    dead = AsyncRedisStore("redis://127.0.0.1:1/0")
+    with pytest.raises(StoreError):
+        await dead.run_script("limit", [], ["hit", 0])
+    await dead.aclose()
+
+
+def test_limiter_on_a_dead_redis_does_not_raise() -> None:
+    """A limiter whose Redis is unreachable answers by on_store_error, not an exception."""
+    dead = RedisStore("redis://127.0.0.1:1/0")
+    assert RateLimiter(FixedWindow(1, 1), dead).hit("k").allowed
+    assert not RateLimiter(FixedWindow(1, 1), dead, on_store_error="closed").hit("k").allowed
+
+
+def test_from_url_builds_redis_stores(redis_url: str) -> None:
+    """from_url picks the Redis stores for redis:// (asyncio=True for the async one)."""
+    sync_store = from_url(redis_url, prefix="x:")
+    async_store = from_url(redis_url, asyncio=True)
+    assert isinstance(sync_store, RedisStore) and sync_store.prefix == "x:"
+    assert isinstance(async_store, AsyncRedisStore)
+    assert isinstance(from_url("rediss://127.0.0.1:6380/0"), RedisStore)
+    sync_store.close()
+
+
+def test_timeouts_are_bounded_by_default(store: RedisStore) -> None:
+    """Connect and read timeouts default to 0.25 s and redis-py retries are off."""
+    kwargs = store.client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 0.25
+    assert kwargs["socket_connect_timeout"] == 0.25
+    assert kwargs["retry"].get_retries() == 0
+
+
+def test_lua_scripts_ship_as_package_data() -> None:
+    """Each algorithm's Lua file is readable through importlib.resources."""
+    lua = resources.files("stormguard.stores").joinpath("lua")
+    names = {p.name for p in lua.iterdir()}
+    for algorithm in ALL:
+        assert f"{algorithm.kind}.lua" in names
+    assert "limit.lua" in names
+
+
+async def test_async_store_decides_groups_in_one_call(redis_url: str, key_prefix: str) -> None:
+    """AsyncRedisStore decides a group all or nothing."""
+    async with AsyncRedisStore(redis_url, prefix=key_prefix) as store:
+        tight = AsyncRateLimiter(FixedWindow(1, 60), store, name="tight")
+        loose = AsyncRateLimiter(FixedWindow(9, 60), store, name="loose")
+        assert (await AsyncRateLimiter.hit_many([(tight, "k"), (loose, "k")])).allowed
+        assert not (await AsyncRateLimiter.hit_many([(tight, "k"), (loose, "k")])).allowed
+        assert (await loose.hit("k", 0)).remaining == 8
+        keys = await store.client.keys(key_prefix + "*")
+        await store.client.delete(*keys)
+
+
+def test_decisions_use_redis_time_not_the_client_clock(store: RedisStore) -> None:
+    """A limiter's own clock (even far off) does not change Redis-backed decisions."""
+    from stormguard.testing import FakeClock
+
+    skewed = RateLimiter(TokenBucket(0.001, 2), store, clock=FakeClock(1e9))
+    honest = RateLimiter(TokenBucket(0.001, 2), store)
+    assert skewed.hit("k").allowed
+    assert honest.hit("k").allowed
+    assert not skewed.hit("k").allowed
