@@ -255,15 +255,15 @@ def _bare(match: re.Match[str], first: int) -> _Bare:
     string, number, octets, boolean, token = match.group(
         first, first + 1, first + 2, first + 3, first + 4
     )
-    if string is not None:
-        return _SF_ESCAPE.sub(r"\1", string)
     if number is not None:
         return float(number)
+    if string is not None:
+        return _SF_ESCAPE.sub(r"\1", string) if "\\" in string else string
+    if token is not None:
+        return token
     if octets is not None:
         return octets.encode("ascii")
-    if boolean is not None:
-        return boolean == "1"
-    return token
+    return boolean == "1"
 
 
 def _sf_members(text: str) -> list[_Member] | None:
