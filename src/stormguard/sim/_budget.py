@@ -5,7 +5,10 @@
 # seconds (with `total_rps`, rate = total_rps / clients, so the traffic stays the
 # same while the number of clients, and so of per-client states, changes). Every
 # attempt fails independently with probability `failure_rate` and is answered
-# `latency` seconds after it is sent. Strategies, with the library's own objects:
+# `latency` seconds after it is sent. What follows a failure is the library's own
+# core._policy.decide() with RetryPolicy(attempts=retries + 1, backoff=...);
+# budgets and breakers are consulted as the library's driver does, after decide()
+# says Retry. Strategies, with the library's own objects:
 #     none      one attempt.
 #     retries   up to 3 retries after FullJitter(0.1, 2.0).
 #     budget    the same, each retry first asking the client's RetryBudgetCore(
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from ..core._backoff import FullJitter
 from ..core._breaker import BreakerCore
 from ..core._budget import RetryBudgetCore
+from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
 from ._engine import py_rng
 
 __all__ = ["STRATEGIES", "BudgetConfig", "BudgetRow", "run", "run_client"]
@@ -82,7 +86,8 @@ def run_client(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown budget strategy {strategy!r}; expected one of {STRATEGIES}")
     retries = 0 if strategy == "none" else config.retries
-    backoff = FullJitter(config.base, config.cap)
+    policy = RetryPolicy(attempts=retries + 1, backoff=FullJitter(config.base, config.cap))
+    error = RetryFailure(retryable=True, reason="503 Service Unavailable")
     budget = (
         RetryBudgetCore(
             ratio=config.ratio, min_per_second=config.min_per_second, window=config.window
@@ -93,14 +98,15 @@ def run_client(
     breaker = BreakerCore() if strategy == "breaker" else None
     latency = config.latency
     calls = succeeded = attempts = 0
-    queue: list[tuple[float, int, int]] = []  # (time, sequence, failures so far)
+    queue: list[tuple[float, int, RetryState]] = []  # (time, sequence, retry state)
     sequence = 0
     next_call = rng.expovariate(rate)
     while True:
         if queue and queue[0][0] <= next_call:
-            now, _, failures = heapq.heappop(queue)
+            now, _, state = heapq.heappop(queue)
         elif next_call < config.duration:
-            now, failures = next_call, 0
+            now = next_call
+            state = RetryState(started_at=now)
             next_call += rng.expovariate(rate)
             calls += 1
             if budget is not None:
@@ -119,13 +125,12 @@ def run_client(
         if not failed:
             succeeded += 1
             continue
-        failures += 1
-        if failures > retries:
+        decision = decide(policy, state, error, now=reply, rng=rng)
+        if isinstance(decision, GiveUp):
             continue
         if budget is not None and not budget.try_retry(reply):
             continue
-        wait = backoff.delay(failures, rng, None)
-        heapq.heappush(queue, (reply + wait, sequence, failures))
+        heapq.heappush(queue, (reply + decision.wait, sequence, state.after_wait(decision.wait)))
         sequence += 1
     return calls, succeeded, attempts
 

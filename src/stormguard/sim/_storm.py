@@ -3,8 +3,9 @@
 # Requests arrive as a Poisson stream of `rps` per second for `duration` seconds.
 # The server fails every attempt in [outage_start, outage_start + outage). Each
 # attempt is decided when it reaches the server and answered `latency` seconds
-# later; a failed request is retried (at most `retries` times) after the
-# strategy's backoff, drawn from the library's own objects:
+# later. What follows a failure is the library's own retry decision,
+# core._policy.decide() with RetryPolicy(attempts=retries + 1, backoff=...) (its
+# 60 s deadline never binds here), and the backoff objects are the library's:
 #     immediate     NoBackoff()
 #     exponential   Exponential(0.5, 10)        no jitter
 #     full          FullJitter(0.5, 10)
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 
 from ..core._backoff import Backoff, Exponential, FullJitter, NoBackoff
 from ..core._budget import RetryBudgetCore
+from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
 from ._engine import py_rng
 
 __all__ = ["SERVERS", "STRATEGIES", "StormConfig", "StormResult", "run", "run_strategy"]
@@ -141,7 +143,8 @@ class _Server:
 
 def run_strategy(strategy: str, config: StormConfig, rng: random.Random) -> StormResult:
     """Simulate one strategy: the whole stream, every attempt, in virtual time."""
-    backoff = backoff_for(strategy, config)
+    policy = RetryPolicy(attempts=config.retries + 1, backoff=backoff_for(strategy, config))
+    unavailable = RetryFailure(retryable=True, reason="503 Service Unavailable")
     budget = (
         RetryBudgetCore(
             ratio=config.budget_ratio,
@@ -156,17 +159,17 @@ def run_strategy(strategy: str, config: StormConfig, rng: random.Random) -> Stor
     seconds = math.ceil(config.duration) + 1
     timeline = [[0, 0, 0, 0] for _ in range(seconds)]
     slots: dict[int, list[int]] = {}  # slot -> [attempts, failures]
-    # Events: (time, sequence, failures so far). Arrivals are generated lazily.
-    queue: list[tuple[float, int, int]] = []
+    # Events: (time, sequence, retry state). Arrivals are generated lazily.
+    queue: list[tuple[float, int, RetryState]] = []
     sequence = 0
     next_arrival = rng.expovariate(config.rps)
     latency = config.latency
-    retries = config.retries
     while True:
         if queue and queue[0][0] <= next_arrival:
-            now, _, failures = heapq.heappop(queue)
+            now, _, state = heapq.heappop(queue)
         elif next_arrival < config.duration:
-            now, failures = next_arrival, 0
+            now = next_arrival
+            state = RetryState(started_at=now)
             next_arrival += rng.expovariate(config.rps)
             result.requests += 1
             if budget is not None:
@@ -177,7 +180,7 @@ def run_strategy(strategy: str, config: StormConfig, rng: random.Random) -> Stor
         while second >= len(timeline):
             timeline.append([0, 0, 0, 0])
         row = timeline[second]
-        if failures == 0:
+        if state.attempts == 1:
             row[0] += 1
         row[1] += 1
         result.attempts += 1
@@ -189,13 +192,12 @@ def run_strategy(strategy: str, config: StormConfig, rng: random.Random) -> Stor
             continue
         row[3] += 1
         counts[1] += 1
-        failures += 1
         reply = now + latency
-        if failures > retries or (budget is not None and not budget.try_retry(reply)):
+        decision = decide(policy, state, unavailable, now=reply, rng=rng)
+        if isinstance(decision, GiveUp) or (budget is not None and not budget.try_retry(reply)):
             result.failed += 1
             continue
-        wait = backoff.delay(failures, rng, None)
-        heapq.heappush(queue, (reply + wait, sequence, failures))
+        heapq.heappush(queue, (reply + decision.wait, sequence, state.after_wait(decision.wait)))
         sequence += 1
     result.timeline = timeline
     result.peak_rps = max(row[1] for row in timeline)
