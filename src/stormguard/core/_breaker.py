@@ -164,6 +164,7 @@ class BreakerCore:
 
     __slots__ = (
         "_admit_closed",
+        "_bucket_end",
         "_calls",
         "_calls_total",
         "_fail_ring",
@@ -172,16 +173,20 @@ class BreakerCore:
         "_forced",
         "_idx",
         "_inv_width",
+        "_j",
         "_jitter_pending",
         "_leases",
+        "_min_calls",
         "_n_buckets",
         "_open_until",
         "_opened_for",
         "_pos",
         "_probes_admitted",
         "_probes_succeeded",
+        "_rate",
         "_slow",
         "_state",
+        "closed_admission",
         "config",
         "generation",
         "reopens",
@@ -239,6 +244,9 @@ class BreakerCore:
         self._probes_admitted = 0
         self._probes_succeeded = 0
         self._admit_closed = Admission(True, False, 0)
+        self.closed_admission: Admission | None = self._admit_closed
+        self._min_calls = config.min_calls
+        self._rate = config.failure_rate
         if config.window_kind == "time":
             self._n_buckets = config.buckets
             self._inv_width = config.buckets / config.window
@@ -254,6 +262,8 @@ class BreakerCore:
         self._calls_total = 0
         self._fails_total = 0
         self._idx = -1  # time window: absolute bucket number of the newest bucket
+        self._j = 0  # its slot in the ring
+        self._bucket_end = -math.inf  # when the newest bucket ends (count window: never)
         self._pos = 0  # count window: next slot in the ring
 
     # -- transitions ---------------------------------------------------------------
@@ -284,6 +294,9 @@ class BreakerCore:
         self._state = target
         self.generation += 1
         self._admit_closed = Admission(True, False, self.generation)
+        # One attribute, replaced atomically: a lock-free reader that sees an
+        # Admission saw a closed breaker at that instant.
+        self.closed_admission = self._admit_closed if target == CLOSED else None
 
     def _advance(self, now: float) -> None:
         # Transitions that happen by the passage of time alone.
@@ -323,54 +336,88 @@ class BreakerCore:
         self, now: float, admission: Admission, *, failure: bool, duration: float = 0.0
     ) -> None:
         """Record the outcome of an admitted call; stale generations are ignored."""
+        self.outcome(now, admission, failure, duration)
+
+    def outcome(self, now: float, admission: Admission, failure: bool, duration: float) -> None:
+        """:meth:`record` with positional arguments (the runtime's hot path)."""
+        if (
+            admission is self.closed_admission
+            and not failure
+            and not self._fails_total  # a success cannot trip a window without failures
+            and now < self._bucket_end
+            and (self._slow is None or duration < self._slow)
+        ):
+            # Closed, current generation, same bucket: one counter each.
+            self._calls[self._j] += 1
+            self._calls_total += 1
+            return
+        if self._state != CLOSED:
+            self._advance(now)  # an expired lease moves on first: its result is stale
         if admission.generation != self.generation or not admission.allowed:
-            self._advance(now)
             return
         slow = self._slow
         if slow is not None and duration >= slow:
             failure = True
         if self._state == CLOSED:
             self._count(now, failure)
-            cfg = self.config
             if (
                 self._fails_total
-                and self._calls_total >= cfg.min_calls
-                and self._fails_total >= cfg.failure_rate * self._calls_total
+                and self._calls_total >= self._min_calls
+                and self._fails_total >= self._rate * self._calls_total
             ):
                 self._fire("trip", now)
             return
-        if self._state == HALF_OPEN and admission.probe:
-            try:
-                self._leases.remove(admission.lease_until)
-            except ValueError:
-                pass
+        if (
+            self._state == HALF_OPEN
+            and admission.probe
+            and admission.lease_until in self._leases  # not reported twice
+        ):
+            self._leases.remove(admission.lease_until)
             if failure:
                 self._fire("probe_failed", now)
                 return
             self._probes_succeeded += 1
             if self._probes_succeeded >= self.config.half_open_probes:
                 self._fire("probe_succeeded", now)
-                return
-            self._advance(now)
+
+    def release(self, now: float, admission: Admission) -> None:
+        """Give back an admission without an outcome (the call was cancelled).
+
+        A probe's slot goes to the next caller; nothing lands in the window.
+        """
+        if (
+            admission.probe
+            and admission.generation == self.generation
+            and self._state == HALF_OPEN
+            and admission.lease_until in self._leases
+        ):
+            self._leases.remove(admission.lease_until)
+            self._probes_admitted -= 1
+
+    def _roll(self, now: float) -> None:
+        # Time window: make the bucket of `now` the newest, clearing the buckets
+        # skipped since (at most n, so O(1)).
+        idx = int(now * self._inv_width)
+        last = self._idx
+        if idx > last:
+            n = self._n_buckets
+            calls, fails = self._calls, self._fails
+            for i in range(max(last + 1, idx - n + 1), idx + 1):
+                j = i % n
+                self._calls_total -= calls[j]
+                self._fails_total -= fails[j]
+                calls[j] = 0
+                fails[j] = 0
+            self._idx = idx
+            self._j = idx % n
+            self._bucket_end = (idx + 1) / self._inv_width
+        # else: same bucket, or the clock went backwards: the newest bucket counts it
 
     def _count(self, now: float, failure: bool) -> None:
         if self._inv_width:
-            idx = int(now * self._inv_width)
-            n = self._n_buckets
-            if idx != self._idx:
-                if idx > self._idx:
-                    # Clear the buckets skipped since the newest one (at most n).
-                    calls, fails = self._calls, self._fails
-                    for i in range(max(self._idx + 1, idx - n + 1), idx + 1):
-                        j = i % n
-                        self._calls_total -= calls[j]
-                        self._fails_total -= fails[j]
-                        calls[j] = 0
-                        fails[j] = 0
-                    self._idx = idx
-                else:
-                    idx = self._idx  # the clock went backwards: count it as newest
-            j = idx % n
+            if now >= self._bucket_end:
+                self._roll(now)
+            j = self._j
             self._calls[j] += 1
             self._calls_total += 1
             if failure:
@@ -403,17 +450,8 @@ class BreakerCore:
 
     def window_counts(self, now: float) -> tuple[int, int]:
         """(calls, failures) currently in the window."""
-        if self._inv_width and self._idx >= 0 and int(now * self._inv_width) > self._idx:
-            # Age the window without recording anything.
-            idx = int(now * self._inv_width)
-            n = self._n_buckets
-            for i in range(max(self._idx + 1, idx - n + 1), idx + 1):
-                j = i % n
-                self._calls_total -= self._calls[j]
-                self._fails_total -= self._fails[j]
-                self._calls[j] = 0
-                self._fails[j] = 0
-            self._idx = idx
+        if self._inv_width and self._idx >= 0 and now >= self._bucket_end:
+            self._roll(now)  # age the window without recording anything
         return self._calls_total, self._fails_total
 
     @property

@@ -24,8 +24,10 @@ class RetryBudgetCore:
     """Retry admission from first attempts and retries in a sliding window."""
 
     __slots__ = (
+        "_bucket_end",
         "_idx",
         "_inv_width",
+        "_j",
         "_n",
         "_requests",
         "_requests_total",
@@ -59,8 +61,12 @@ class RetryBudgetCore:
         self._requests_total = 0
         self._retries_total = 0
         self._idx = -1
+        self._j = 0
+        self._bucket_end = -math.inf
 
     def _roll(self, now: float) -> int:
+        if now < self._bucket_end:
+            return self._j
         idx = int(now * self._inv_width)
         last = self._idx
         if idx > last:
@@ -73,12 +79,16 @@ class RetryBudgetCore:
                 requests[j] = 0
                 retries[j] = 0
             self._idx = idx
-            return idx % n
-        return last % self._n  # same bucket, or the clock went backwards
+            self._j = idx % n
+            self._bucket_end = (idx + 1) / self._inv_width
+        return self._j  # same bucket, or the clock went backwards
 
     def record_request(self, now: float) -> None:
         """Deposit: one first attempt was sent at ``now``."""
-        self._requests[self._roll(now)] += 1
+        if now < self._bucket_end:
+            self._requests[self._j] += 1
+        else:
+            self._requests[self._roll(now)] += 1
         self._requests_total += 1
 
     def try_retry(self, now: float) -> bool:

@@ -1,0 +1,23 @@
+"""Protection: circuit breaker, retry budget, bulkhead, per-origin cooldown and pacing.
+
+The main names are re-exported from :mod:`stormguard`; this package holds the
+runtime objects around the pure cores in :mod:`stormguard.core`.
+"""
+
+from __future__ import annotations
+
+from ._breaker import BreakerEvent, CircuitBreaker, Permit
+from ._budget import RetryBudget
+from ._bulkhead import Bulkhead
+from ._cooldown import Cooldown
+from ._pacer import Pacer
+
+__all__ = [
+    "BreakerEvent",
+    "Bulkhead",
+    "CircuitBreaker",
+    "Cooldown",
+    "Pacer",
+    "Permit",
+    "RetryBudget",
+]

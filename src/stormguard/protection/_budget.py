@@ -1,0 +1,156 @@
+# The runtime retry budget: RetryBudgetCore (core/_budget.py) behind a lock, or
+# the same counters in Redis (stores/lua/budget_*.lua) shared by every process.
+#
+# One budget per upstream, shared by every client object, thread and task that
+# talks to it: the point is to bound the *total* extra load retries add. The lock
+# is held only for the O(1) counter update. While the store is unreachable the
+# budget counts locally (logged once), and rejoins when the store answers.
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import ConfigError, StoreError
+from ..core._budget import RetryBudgetCore
+from ._shared import Shared
+
+__all__ = ["RetryBudget"]
+
+
+class RetryBudget:
+    """Allow retries while they stay within ``ratio`` of first attempts plus a reserve.
+
+    Over the last ``window`` seconds, a retry is allowed while::
+
+        retries + 1 <= ratio * first_attempts + min_per_second * window
+
+    A new budget holds only the reserve (``min_per_second * window``), not a full
+    window's worth. Call :meth:`record_request` for every first attempt and
+    :meth:`try_retry` before every retry (``RetryPolicy(budget=...)`` and the HTTP
+    adapters do both). Thread-safe; ``arecord_request``/``atry_retry`` are the
+    async twins. With ``store=RedisStore(url)`` and a ``name`` the counters are
+    shared by every process.
+    """
+
+    __slots__ = ("_args", "_core", "_key", "_lock", "_monotonic", "_shared", "name")
+
+    def __init__(
+        self,
+        *,
+        ratio: float = 0.1,
+        min_per_second: float = 10,
+        window: float = 10.0,
+        store: object = None,
+        name: str | None = None,
+        clock: Clock | None = None,
+        buckets: int = 10,
+        store_retry: float = 1.0,
+    ) -> None:
+        try:
+            self._core = RetryBudgetCore(
+                ratio=ratio, min_per_second=min_per_second, window=window, buckets=buckets
+            )
+        except (ValueError, TypeError) as exc:
+            field, _, message = str(exc).partition(": ")
+            raise ConfigError(field, message or str(exc)) from None
+        the_clock = clock or SYSTEM_CLOCK
+        self._monotonic: Callable[[], float] = (
+            time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
+        )
+        self._lock = threading.Lock()
+        self.name = name
+        self._shared: Shared | None = None
+        self._key = ""
+        self._args = [repr(float(ratio)), repr(self._core.reserve), repr(float(window)), buckets]
+        if store is not None:
+            if not name:
+                raise ConfigError("name", "a budget shared through a store needs a name")
+            self._shared = Shared(
+                store, label=f"retry budget {name!r}", clock=the_clock, retry_after=store_retry
+            )
+            self._key = self._shared.key("budget", name)
+
+    def __repr__(self) -> str:
+        core = self._core
+        return (
+            f"RetryBudget(ratio={core.ratio}, min_per_second={core.min_per_second}, "
+            f"window={core.window}, name={self.name!r})"
+        )
+
+    def record_request(self) -> None:
+        """Count one first attempt (deposits ``ratio`` of a retry)."""
+        shared = self._shared
+        if shared is not None and shared.usable():
+            try:
+                shared.run("budget_request", [self._key], self._args)
+            except StoreError as exc:
+                shared.failed(exc)
+            else:
+                shared.succeeded()
+                return
+        now = self._monotonic()
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._core.record_request(now)
+        finally:
+            lock.release()
+
+    def try_retry(self) -> bool:
+        """Withdraw one retry if the budget allows it; False means: do not retry."""
+        shared = self._shared
+        if shared is not None and shared.usable():
+            try:
+                reply = shared.run("budget_retry", [self._key], self._args)
+            except StoreError as exc:
+                shared.failed(exc)
+            else:
+                shared.succeeded()
+                return bool(int(reply))
+        return self._local_retry()
+
+    async def arecord_request(self) -> None:
+        """Async twin of :meth:`record_request`."""
+        shared = self._shared
+        if shared is not None and shared.usable():
+            try:
+                await shared.arun("budget_request", [self._key], self._args)
+            except StoreError as exc:
+                shared.failed(exc)
+            else:
+                shared.succeeded()
+                return
+        now = self._monotonic()
+        with self._lock:
+            self._core.record_request(now)
+
+    async def atry_retry(self) -> bool:
+        """Async twin of :meth:`try_retry`."""
+        shared = self._shared
+        if shared is not None and shared.usable():
+            try:
+                reply = await shared.arun("budget_retry", [self._key], self._args)
+            except StoreError as exc:
+                shared.failed(exc)
+            else:
+                shared.succeeded()
+                return bool(int(reply))
+        return self._local_retry()
+
+    def _local_retry(self) -> bool:
+        now = self._monotonic()
+        with self._lock:
+            return self._core.try_retry(now)
+
+    def balance(self) -> float:
+        """Retries this process's local budget still allows now."""
+        now = self._monotonic()
+        with self._lock:
+            return self._core.balance(now)
+
+    @property
+    def degraded(self) -> bool:
+        """True while a shared budget counts locally because its store failed."""
+        return self._shared is not None and self._shared.degraded

@@ -1,0 +1,219 @@
+# The bulkhead: at most `limit` calls in flight, for threads and asyncio tasks
+# alike, with a bounded wait for a slot.
+#
+# One counter under one threading.Lock (held for O(1) bookkeeping only) and a FIFO
+# of waiters. A waiter is a threading.Event (sync) or a future on its own loop
+# (async). release() hands the slot straight to the first waiter (no barging, so
+# waiters are served in order) by setting `granted` under the lock; the waiter
+# re-checks `granted` under the lock after waking, timing out or being cancelled,
+# which settles the race between a grant and a timeout: a granted slot is either
+# used or passed on, never lost.
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from .._errors import BulkheadFull, ConfigError
+
+__all__ = ["Bulkhead"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _Waiter:
+    __slots__ = ("event", "future", "granted", "loop")
+
+    def __init__(
+        self,
+        event: threading.Event | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        future: asyncio.Future[None] | None = None,
+    ) -> None:
+        self.event = event
+        self.loop = loop
+        self.future = future
+        self.granted = False
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Bulkhead:
+    """At most ``limit`` calls at once; a caller waits up to ``max_wait`` seconds.
+
+    Sync and async callers share the same slots. When no slot frees up within
+    ``max_wait`` (0: do not wait), :class:`stormguard.BulkheadFull` is raised.
+    Forms: ``with bulkhead:``, ``async with bulkhead:``, ``call(fn, ...)``,
+    ``await acall(fn, ...)`` and ``@bulkhead`` on sync or async functions.
+    """
+
+    __slots__ = ("_in_flight", "_lock", "_waiters", "limit", "max_wait", "name")
+
+    def __init__(self, limit: int, *, max_wait: float = 0.0, name: str | None = None) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError("limit", f"must be an integer >= 1, got {limit!r}")
+        if not isinstance(max_wait, int | float) or not max_wait >= 0:
+            raise ConfigError("max_wait", f"must be >= 0 seconds, got {max_wait!r}")
+        self.limit = limit
+        self.max_wait = float(max_wait)
+        self.name = name
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._waiters: deque[_Waiter] = deque()
+
+    def __repr__(self) -> str:
+        return f"Bulkhead({self.limit}, max_wait={self.max_wait}, in_flight={self._in_flight})"
+
+    @property
+    def in_flight(self) -> int:
+        """Calls holding a slot now."""
+        return self._in_flight
+
+    def _try_take(self) -> bool:
+        # Under the lock. Waiters first: a newcomer never overtakes the queue.
+        if self._in_flight < self.limit and not self._waiters:
+            self._in_flight += 1
+            return True
+        return False
+
+    def acquire(self) -> None:
+        """Take a slot, waiting up to ``max_wait``; raises BulkheadFull."""
+        with self._lock:
+            if self._try_take():
+                return
+            if self.max_wait <= 0:
+                raise BulkheadFull(self.limit, 0.0)
+            waiter = _Waiter(event=threading.Event())
+            self._waiters.append(waiter)
+        start = time.monotonic()
+        assert waiter.event is not None
+        waiter.event.wait(self.max_wait)
+        with self._lock:
+            if waiter.granted:
+                return
+            self._waiters.remove(waiter)
+        raise BulkheadFull(self.limit, time.monotonic() - start)
+
+    async def aacquire(self) -> None:
+        """Async twin of :meth:`acquire`."""
+        with self._lock:
+            if self._try_take():
+                return
+            if self.max_wait <= 0:
+                raise BulkheadFull(self.limit, 0.0)
+            loop = asyncio.get_running_loop()
+            waiter = _Waiter(loop=loop, future=loop.create_future())
+            self._waiters.append(waiter)
+        start = time.monotonic()
+        assert waiter.future is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait)
+        except TimeoutError:
+            pass
+        except BaseException:
+            # Cancelled while waiting: pass on a slot granted meanwhile.
+            with self._lock:
+                granted = waiter.granted
+                if not granted:
+                    self._waiters.remove(waiter)
+            if granted:
+                self.release()
+            raise
+        with self._lock:
+            if waiter.granted:
+                return
+            self._waiters.remove(waiter)
+        raise BulkheadFull(self.limit, time.monotonic() - start)
+
+    def release(self) -> None:
+        """Give a slot back (to the first waiter, if any)."""
+        with self._lock:
+            if self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.granted = True  # the slot moves to it; in_flight is unchanged
+                if waiter.event is not None:
+                    waiter.event.set()
+                else:
+                    assert waiter.loop is not None and waiter.future is not None
+                    try:
+                        waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+                    except RuntimeError:
+                        pass  # its loop is closed; the waiter is gone with it
+                return
+            if self._in_flight <= 0:
+                raise RuntimeError("Bulkhead.release() without a matching acquire")
+            self._in_flight -= 1
+
+    def __enter__(self) -> Bulkhead:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Bulkhead:
+        await self.aacquire()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` holding a slot."""
+        self.acquire()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.release()
+
+    async def acall(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Await ``fn(*args, **kwargs)`` holding a slot."""
+        await self.aacquire()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            self.release()
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, T]]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate a sync or async function: every call holds a slot."""
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return await self.acall(fn, *args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return self.call(fn, *args, **kwargs)
+
+        return wrapper
