@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -46,7 +48,12 @@ def _serve(
         )
 
     async def run() -> None:
-        await server.serve_forever(ready=announce)
+        task = asyncio.create_task(server.serve_forever(ready=announce))
+        # SIGTERM stops the server like Ctrl-C does (and still writes --journal-out).
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     try:
         asyncio.run(run())

@@ -1,0 +1,56 @@
+"""`stormguard mock --scenario FILE --host --port` as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "payments.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_serves_the_example_and_writes_the_journal(tmp_path: Path) -> None:
+    """The CLI serves a scenario file, answers the admin API and stops on SIGTERM."""
+    port = free_port()
+    journal_out = tmp_path / "journal.json"
+    command = [
+        sys.executable, "-c", "from stormguard.cli import main; main()",
+        "mock", "--scenario", str(EXAMPLE), "--host", "127.0.0.1", "--port", str(port),
+        "--journal-out", str(journal_out),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                httpx.get(base + "/__mock/ledger", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        headers = {"Idempotency-Key": "k1"}
+        try:
+            httpx.post(base + "/v1/payments", json={"amount": 5}, headers=headers)
+        except httpx.TransportError:
+            pass  # commit-then-reset: the first answer is lost by design
+        assert httpx.get(base + "/__mock/ledger").json() == {"payments": {"k1": 1}}
+        assert httpx.get(base + "/__mock/check").json()["ok"] is True
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0, stderr
+    assert "serving flaky payments API on http://127.0.0.1:" in stderr
+    (entry,) = json.loads(journal_out.read_text())
+    assert entry["outcome"] == "commit-then-reset"
