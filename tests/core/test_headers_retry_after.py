@@ -197,9 +197,10 @@ def test_rfc850_year_follows_now_across_centuries() -> None:
     assert datetime.fromtimestamp(moment, UTC).year == 2094
 
 
-def test_rfc850_with_non_finite_now_gives_none() -> None:
-    """An rfc850-date cannot be resolved without a finite now, and does not raise."""
-    assert parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT", now=float("nan")) is None
+@pytest.mark.parametrize("now", [float("nan"), float("inf"), -float("inf"), 1e308, -1e308])
+def test_rfc850_with_absurd_now_gives_none(now: float) -> None:
+    """An rfc850-date cannot be resolved against a non-finite or absurd now, and does not raise."""
+    assert parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT", now=now) is None
 
 
 @given(st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(9999, 12, 31)))

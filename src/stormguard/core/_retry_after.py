@@ -114,7 +114,7 @@ def _timestamp(
 def _rfc850_year(two_digits: int, month: int, day: int, now: float) -> int | None:
     # RFC 9110: a two-digit year that appears to be more than 50 years in the
     # future means the most recent past year with the same last two digits.
-    if not math.isfinite(now):
+    if not math.isfinite(now) or abs(now) > 1e12:  # ~31,700 years either way
         return None
     approx_year = 1970 + int(now // 31_556_952)
     year = approx_year - approx_year % 100 + two_digits
