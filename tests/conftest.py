@@ -67,6 +67,14 @@ class RedisServer:
         self.process.terminate()
         self.process.wait(timeout=10)
 
+    def discard(self) -> None:
+        """Stop the server if this session owns it and remove its directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
     def start(self) -> None:
         """(Re)start the server this session owns, on the same port."""
         assert self.workdir is not None
@@ -130,11 +138,7 @@ def redis_server() -> Iterator[RedisServer]:
     try:
         yield server
     finally:
-        if server.process is not None and server.process.poll() is None:
-            server.process.terminate()
-            server.process.wait(timeout=10)
-        if server.workdir:
-            shutil.rmtree(server.workdir, ignore_errors=True)
+        server.discard()
 
 
 def _owned_redis_or_skip() -> RedisServer:
@@ -162,11 +166,7 @@ def owned_redis() -> Iterator[RedisServer]:
     try:
         yield server
     finally:
-        if server.process is not None and server.process.poll() is None:
-            server.process.terminate()
-            server.process.wait(timeout=10)
-        if server.workdir:
-            shutil.rmtree(server.workdir, ignore_errors=True)
+        server.discard()
 
 
 @pytest.fixture
