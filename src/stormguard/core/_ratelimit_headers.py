@@ -11,7 +11,20 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, TypeAlias
 
-from ._retry_after import parse_go_duration, parse_http_date, parse_rfc3339
+from ._ratelimit_values import (
+    _WS,
+    _ambiguous_reset,
+    _first_number,
+    _joined,
+    _label,
+    _non_negative,
+    _number_and_policies,
+    _policies,
+    _Policy,
+    _positive,
+    _reset,
+    _sf_members,
+)
 
 __all__ = ["HeadersLike", "Quota", "parse_rate_limits"]
 
@@ -38,8 +51,8 @@ __all__ = ["HeadersLike", "Quota", "parse_rate_limits"]
 # the same (pool, window) form one Quota. Kong's month and year windows are
 # approximated as 30 and 365 days.
 #
-# The IETF structured fields are read with a small RFC 8941 list/dictionary
-# parser, covering every draft shape:
+# The IETF structured fields are read with the small RFC 8941 list/dictionary
+# scanner in _ratelimit_values, covering every draft shape:
 #   RateLimit: limit=10, remaining=5, reset=3      + RateLimit-Policy: 10;w=60
 #   RateLimit: "default";r=50;t=30                 + RateLimit-Policy: "default";q=100;w=60
 # Extra list items in a limit field ("X-RateLimit-Limit: 10, 10;w=1, 1000;w=3600",
@@ -68,8 +81,6 @@ HeadersLike: TypeAlias = (
 
 _MAX_FIELD = 2048
 _MAX_REPEATS = 32
-_MAX_MEMBERS = 64
-_WS = " \t\r\n"
 
 _WINDOWS = {
     "second": 1.0,
@@ -96,31 +107,7 @@ _FIELDS = frozenset(
 )
 _LABEL_FIELDS = frozenset({"resource", "bucket", "name"})
 
-_NUMBER = re.compile(r"[0-9]{1,30}(?:\.[0-9]{1,20})?")
 _WINDOW_DIGITS = re.compile(r"[0-9]{1,9}")
-_LETTER = re.compile(r"[A-Za-z]")
-_LABEL = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]{0,126}[\x21-\x7e])?")
-# RFC 8941 pieces. Possessive quantifiers (Python 3.11+) keep every match linear:
-# a failed dictionary key never backtracks into shorter keys.
-_SF_KEY = r"[A-Za-z*][A-Za-z0-9_.*-]*+"
-_SF_BARE = (
-    r'"((?:[^"\\]|\\[\\"])*+)"'  # string
-    r"|(-?[0-9]{1,20}+(?:\.[0-9]{1,20}+)?)"  # integer or decimal
-    r"|:([A-Za-z0-9+/=]*+):"  # byte sequence
-    r"|\?([01])"  # boolean
-    r"|([A-Za-z*][A-Za-z0-9_.:%*/!#$&'+^`|~-]*+)"  # token
-)
-_SF_BARE_PLAIN = re.sub(r"\((?!\?)", "(?:", _SF_BARE)
-_SF_MEMBER = re.compile(
-    rf"(?:({_SF_KEY})=)?(?:{_SF_BARE})"  # 1: key, 2-6: value
-    rf"((?:;[ ]*+{_SF_KEY}(?:=(?:{_SF_BARE_PLAIN}))?)*+)"  # 7: parameters
-    r"[ \t]*+(?:(,)[ \t]*+|\Z)"  # 8: a comma, or the end
-)
-_SF_PARAM = re.compile(rf";[ ]*+({_SF_KEY})(?:=(?:{_SF_BARE}))?")  # 1: key, 2-6: value
-_SF_ESCAPE = re.compile(r"\\(.)")
-
-_Bare: TypeAlias = float | str | bool | bytes
-_Member: TypeAlias = tuple[str | None, _Bare, dict[str, _Bare]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +133,6 @@ class Quota:
             value = getattr(self, field_name)
             if value is not None and not value >= 0:
                 raise ValueError(f"Quota.{field_name} must be >= 0, got {value!r}")
-
-
-@dataclass(slots=True)
-class _Policy:
-    limit: float
-    window: float | None
-    name: str | None
 
 
 @dataclass(slots=True)
@@ -246,134 +226,6 @@ def _classify(lname: str) -> tuple[str, str | None, float | None] | None:
     if not all(rest) or len(rest) > 4:
         return None
     return (field, "-".join(rest) or None, window)
-
-
-# ------------------------------------------------------------ structured fields
-
-
-def _bare(match: re.Match[str], first: int) -> _Bare:
-    string, number, octets, boolean, token = match.group(
-        first, first + 1, first + 2, first + 3, first + 4
-    )
-    if number is not None:
-        return float(number)
-    if string is not None:
-        return _SF_ESCAPE.sub(r"\1", string) if "\\" in string else string
-    if token is not None:
-        return token
-    if octets is not None:
-        return octets.encode("ascii")
-    return boolean == "1"
-
-
-def _sf_members(text: str) -> list[_Member] | None:
-    """Members of an RFC 8941 list or dictionary (lenient on case), or None if malformed.
-
-    A dictionary member has a key; a list member has key None. At most
-    _MAX_MEMBERS members are read.
-    """
-    members: list[_Member] = []
-    end = len(text)
-    index = end - len(text.lstrip(" \t"))
-    if index == end:
-        return None
-    while True:
-        match = _SF_MEMBER.match(text, index)
-        if match is None:
-            return None
-        key = match[1]
-        params: dict[str, _Bare] = {}
-        if match[7]:
-            for param in _SF_PARAM.finditer(match[7]):
-                params[param[1].lower()] = True if param.end(1) == param.end() else _bare(param, 2)
-        members.append((key.lower() if key else None, _bare(match, 2), params))
-        index = match.end()
-        if match[8] is None or len(members) >= _MAX_MEMBERS:
-            return members
-        if index == end:
-            return None  # a trailing comma
-
-
-def _non_negative(value: object) -> float | None:
-    if isinstance(value, float) and value >= 0:
-        return value
-    return None
-
-
-def _positive(value: object) -> float | None:
-    if isinstance(value, float) and value > 0:
-        return value
-    return None
-
-
-def _label(value: object) -> str | None:
-    if isinstance(value, str):
-        value = value.strip(_WS)
-        if _LABEL.fullmatch(value):
-            return value
-    return None
-
-
-# ---------------------------------------------------------------------- values
-
-
-def _joined(values: list[str]) -> str:
-    return values[0] if len(values) == 1 else ", ".join(values)
-
-
-def _first_number(values: list[str]) -> float | None:
-    """The first member of a numeric field ("5", "5, 5", "10;w=60"), if non-negative."""
-    text = values[0].strip(_WS)
-    if _NUMBER.fullmatch(text):
-        return float(text)
-    members = _sf_members(_joined(values))
-    if not members or members[0][0] is not None:
-        return None
-    return _non_negative(members[0][1])
-
-
-def _number_and_policies(values: list[str]) -> tuple[float | None, list[_Policy]]:
-    """A limit field: its first member and any quota policies listed with it."""
-    text = values[0].strip(_WS)
-    if len(values) == 1 and _NUMBER.fullmatch(text):
-        return float(text), []
-    members = _sf_members(_joined(values))
-    if not members or members[0][0] is not None:
-        return None, []
-    return _non_negative(members[0][1]), _policies(members)
-
-
-def _policies(members: list[_Member]) -> list[_Policy]:
-    policies = []
-    for key, value, params in members:
-        limit = _non_negative(value)
-        window = _positive(params.get("w", params.get("window")))  # WHOOP: "100;window=60"
-        if key is None and limit is not None and window is not None:
-            policies.append(_Policy(limit, window, _label(params.get("name"))))
-    return policies
-
-
-def _ambiguous_reset(number: float, now: float) -> float:
-    if number > 1e12:
-        return max(0.0, number / 1000.0 - now)
-    if number > 1e9:
-        return max(0.0, number - now)
-    return number
-
-
-def _reset(values: list[str], now: float) -> float | None:
-    """An ambiguous reset: Go duration, RFC 3339, HTTP-date, epoch ms/s or delta seconds."""
-    text = values[0].strip(_WS)
-    if _LETTER.search(text):
-        seconds = parse_go_duration(text)
-        if seconds is not None:
-            return seconds
-        moment = parse_rfc3339(text)
-        if moment is None:
-            moment = parse_http_date(text, now=now)
-        return None if moment is None else max(0.0, moment - now)
-    number = _first_number(values)
-    return None if number is None else _ambiguous_reset(number, now)
 
 
 # ---------------------------------------------------------------------- fields
