@@ -648,6 +648,17 @@ NAMES = [
     "x-rate-limit-reset",
     "retry-after",
 ]
+VALID_FOR_NOW = [
+    "60",
+    "1700000060",
+    "1700000060000",
+    "6m0s",
+    "2023-11-14T22:14:20Z",
+    "Tue, 14 Nov 2023 22:14:20 GMT",
+    "Tuesday, 14-Nov-23 22:14:20 GMT",
+    '"default";r=0;t=30',
+    "limit=10, remaining=0, reset=3",
+]
 header_names = st.one_of(st.sampled_from(NAMES), st.text(max_size=40), st.binary(max_size=40))
 header_values = st.one_of(st.text(max_size=200), st.binary(max_size=200))
 
@@ -675,3 +686,13 @@ def test_plain_numbers_round_trip(limit: int, remaining: int, reset: int) -> Non
         "x-ratelimit-reset": str(reset),
     }
     assert parse_rate_limits(headers, now=NOW) == (Quota(None, limit, remaining, reset, None),)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(NAMES), st.sampled_from(VALID_FOR_NOW)), max_size=6),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+def test_any_now_never_raises(headers: list[tuple[str, str]], now: float) -> None:
+    """Valid values read against any now, even NaN or infinite, give valid quotas."""
+    for quota in parse_rate_limits(headers, now=now):
+        assert quota.reset_after is None or quota.reset_after >= 0
