@@ -240,3 +240,13 @@ def test_cli_without_a_scenario_shows_usage() -> None:
     result = CliRunner().invoke(mock_group, [])
     assert result.exit_code == 2
     assert "verify" in result.output
+
+
+def test_retryable_statuses_follow_the_decision_table() -> None:
+    """A retried 500 is flagged by default; a custom retryable set accepts it."""
+    journal = [
+        entry(1, 100.0, method="GET", idempotency_key=None, status=500, outcome="error"),
+        entry(2, 100.5, method="GET", idempotency_key=None),
+    ]
+    assert check_journal(journal).kinds() == {"non-retryable-retried"}
+    assert Checker(retryable_statuses={500, 503}).check(journal).ok

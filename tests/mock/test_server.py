@@ -3,6 +3,7 @@ sequences, idempotency, rate limits and the admin API."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -366,3 +367,31 @@ def _ignore_errors(fn: Callable[[], object]) -> Callable[[], None]:
             pass
 
     return run
+
+
+def test_head_and_no_content_answers(stormguard_mock: Factory) -> None:
+    """HEAD gets the headers without the body; 204 carries no body."""
+    mock = stormguard_mock(
+        {
+            "routes": [
+                {"match": {"path": "/x"}, "sequence": [{"body": {"a": 1}}]},
+                {"match": {"path": "/empty"}, "sequence": [{"status": 204, "body": "ignored"}]},
+            ]
+        }
+    )
+    with httpx.Client(base_url=mock.url) as client:
+        head = client.head("/x")
+        nothing = client.delete("/empty")
+        after = client.get("/x")
+    assert (head.status_code, head.content, head.headers["content-length"]) == (200, b"", "7")
+    assert (nothing.status_code, nothing.content) == (204, b"")
+    assert after.json() == {"a": 1}
+
+
+def test_garbage_gets_400(stormguard_mock: Factory) -> None:
+    """Bytes that are not HTTP/1.1 get a 400 and a closed connection."""
+    mock = stormguard_mock(one_route())
+    with socket.create_connection((mock.host, mock.port), timeout=5) as sock:
+        sock.sendall(b"NOT HTTP\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
+    assert mock.journal() == []

@@ -9,7 +9,8 @@
 #
 # Violations (kind: meaning):
 #   early-retry            the next attempt came sooner than the Retry-After it was given
-#   non-retryable-retried  a 4xx other than 408/425/429 was retried
+#   non-retryable-retried  an error status outside the retryable set was retried
+#                          (408, 425, 429, 502, 503, 504: stormguard's decision table)
 #   unsafe-retry           POST/PATCH without an Idempotency-Key retried after a failure
 #                          that may have been processed (anything but 429: 5xx, reset,
 #                          empty or broken response, timeout)
@@ -46,6 +47,7 @@ VIOLATION_KINDS = (
     "unsafe-retry",
 )
 _RETRYABLE_4XX = frozenset({408, 425, 429})
+RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 _UNSAFE_METHODS = frozenset({"POST", "PATCH"})
 _FAULTS = frozenset(
     {"reset", "empty", "malformed-chunked", "hang", "commit-then-reset", "commit-then-504"}
@@ -160,8 +162,10 @@ class Checker:
     """Checks a journal against the retry contract.
 
     ``tolerance``: seconds an attempt may come before its Retry-After (clock skew
-    and rounding). Synchronised retries are reported when, for some retry number,
-    at least ``min_samples`` gaps from ``min_clients`` clients exist and at least
+    and rounding). ``retryable_statuses``: error statuses that may be retried
+    (default 408, 425, 429, 502, 503, 504, as in ``stormguard.RetryPolicy``).
+    Synchronised retries are reported when, for some retry number, at least
+    ``min_samples`` gaps from ``min_clients`` clients exist and at least
     ``cluster_share`` of them lie within ``10% of the median + cluster_width``
     seconds of the median gap.
     """
@@ -174,8 +178,10 @@ class Checker:
         min_clients: int = 3,
         cluster_share: float = 0.75,
         cluster_width: float = 0.01,
+        retryable_statuses: Iterable[int] = RETRYABLE_STATUSES,
     ) -> None:
         self.tolerance = tolerance
+        self.retryable_statuses = frozenset(retryable_statuses)
         self.min_samples = min_samples
         self.min_clients = min_clients
         self.cluster_share = cluster_share
@@ -251,7 +257,8 @@ class Checker:
                 )
             )
         status = prev.get("status")
-        if status is not None and 400 <= int(status) < 500 and int(status) not in _RETRYABLE_4XX:
+        retryable = self.retryable_statuses
+        if status is not None and int(status) >= 400 and int(status) not in retryable:
             found.append(
                 Violation(
                     "non-retryable-retried",

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import socket
 import struct
 import threading
@@ -27,6 +28,8 @@ from ._journal import MockState
 from ._scenario import Scenario, load_scenario, parse_scenario
 
 __all__ = ["MockServer"]
+
+logger = logging.getLogger("stormguard.mock")
 
 ADMIN_PREFIX = "/__mock/"
 _MAX_BODY = 16 * 1024 * 1024
@@ -199,9 +202,18 @@ class MockServer:
         self._connections.add(task)
         try:
             await self._connection(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, h11.ProtocolError):
+        except h11.RemoteProtocolError:
+            # Not HTTP/1.1 we can parse: answer 400 when we still can, then close.
+            with contextlib.suppress(Exception):
+                writer.write(
+                    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                await writer.drain()
             _abort(writer)
-        except asyncio.CancelledError:
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            _abort(writer)
+        except Exception:
+            logger.exception("stormguard mock: error while serving a connection")
             _abort(writer)
         finally:
             self._connections.discard(task)
@@ -288,7 +300,8 @@ class MockServer:
                 pass
             _abort(writer)
             return False
-        await _send(conn, writer, plan.status, plan.headers, plan.body)
+        head = plan.entry["method"] == "HEAD"
+        await _send(conn, writer, plan.status, plan.headers, plan.body, head=head)
         return True
 
     # --- admin API ----------------------------------------------------------------
@@ -339,14 +352,20 @@ async def _send(
     status: int,
     headers: list[tuple[str, str]],
     body: bytes,
+    *,
+    head: bool = False,
 ) -> None:
     names = {name.lower() for name, _ in headers}
     out = [(name, value) for name, value in headers if name.lower() != "content-length"]
-    out.append(("Content-Length", str(len(body))))
+    if status in (204, 304):
+        body = b""  # these never carry a body (RFC 9110 15.3.5, 15.4.5)
+    else:
+        out.append(("Content-Length", str(len(body))))
     if "server" not in names:
         out.append(("Server", "stormguard-mock"))
-    data = conn.send(h11.Response(status_code=status, headers=out))
-    data = (data or b"") + (conn.send(h11.Data(data=body)) or b"") if body else data or b""
+    data = conn.send(h11.Response(status_code=status, headers=out)) or b""
+    if body and not head:  # a HEAD answer has the GET headers and no body
+        data += conn.send(h11.Data(data=body)) or b""
     data += conn.send(h11.EndOfMessage()) or b""
     writer.write(data)
     await writer.drain()
