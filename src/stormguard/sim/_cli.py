@@ -243,7 +243,14 @@ def _checked(call: Callable[[], _T]) -> _T:
     type=click.FloatRange(min=0),
     default=5.0,
     show_default=True,
-    help="storm: seconds the server fails everything (from t=5 s).",
+    help="storm: seconds the server fails everything.",
+)
+@click.option(
+    "--outage-start",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="storm: second at which the outage starts.",
 )
 @click.option(
     "--retries",
@@ -318,6 +325,7 @@ def simulate_command(
     jobs: int | None,
     rps: float,
     outage: float,
+    outage_start: float,
     retries: int,
     server: str,
     capacity: float | None,
@@ -350,6 +358,7 @@ def simulate_command(
             lambda: _storm.StormConfig(
                 rps=rps,
                 outage=outage,
+                outage_start=outage_start,
                 retries=retries,
                 server=server,
                 capacity=capacity,
