@@ -40,17 +40,22 @@ from .core._limiters import (
     TokenBucket,
 )
 from .core._policy import GiveUpReason, RetryPolicy
+from .protection import BreakerEvent, Bulkhead, CircuitBreaker, Cooldown, Pacer, RetryBudget
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncRateLimiter",
     "Backoff",
+    "BreakerEvent",
+    "Bulkhead",
     "BulkheadFull",
+    "CircuitBreaker",
     "CircuitOpen",
     "Concurrency",
     "ConfigError",
     "Constant",
+    "Cooldown",
     "Decision",
     "DecorrelatedJitter",
     "EqualJitter",
@@ -61,9 +66,11 @@ __all__ = [
     "GiveUpReason",
     "MissingExtra",
     "NoBackoff",
+    "Pacer",
     "Quota",
     "RateLimited",
     "RateLimiter",
+    "RetryBudget",
     "RetryError",
     "RetryPolicy",
     "RetryRecord",
