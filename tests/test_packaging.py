@@ -38,6 +38,7 @@ def test_import_needs_only_the_standard_library() -> None:
     [
         ("stormguard.httpx", "httpx", "httpx"),
         ("stormguard.requests", "requests", "requests"),
+        ("stormguard.grpc", "grpc", "grpc"),
         ("stormguard.stores", "redis", "redis"),
     ],
 )
