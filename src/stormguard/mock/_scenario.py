@@ -2,14 +2,11 @@
 #
 # Every error names the source, the line and the field path, e.g.
 #
-#     payments.yaml:14: routes[0].sequence[1].fault: unknown fault 'comit-then-reset';
+#     payments.yaml:14: routes[0].sequence[1].fault: unknown value 'comit-then-reset';
 #     expected one of: commit-then-504, commit-then-reset, empty, hang, malformed-chunked, reset
 #
-# YAML: we compose the node tree ourselves (yaml.compose) so that every value keeps
-# the line it came from; scalars are resolved with PyYAML's SafeConstructor. TOML:
-# tomllib gives no positions, so the line is found by a small search of the source
-# for the key (tables, arrays of tables and `key =` lines) — good enough to point at
-# the mistake. A dict passed from Python has no lines; only the field path is given.
+# Lines come from _sources.py (YAML node marks; a search of the source for TOML). A
+# dict passed from Python has no lines; only the field path is given.
 #
 # Validation collects every error before raising, so one run shows all mistakes.
 # The keys below are public and stay working once released (README documents them).
@@ -25,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._errors import ScenarioError
+from ._sources import FieldPath, format_path, load_toml, load_yaml
 
 __all__ = [
     "FAULTS",
@@ -50,8 +48,6 @@ SEQUENCE_PER = ("idempotency-key", "client", "global")
 HEADER_STYLES = ("github", "ietf", "openai", "stripe")
 ALGORITHMS = ("fixed-window", "token-bucket")
 PER = ("client", "global")
-
-FieldPath = tuple[str | int, ...]
 
 
 # --- value objects ----------------------------------------------------------------
@@ -165,9 +161,9 @@ def load_scenario(path: str | Path) -> Scenario:
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read scenario: {exc.strerror or exc}") from exc
     if path.suffix.lower() == ".toml":
-        data, lines = _load_toml(text, source)
+        data, lines = load_toml(text, source)
     else:
-        data, lines = _load_yaml(text, source)
+        data, lines = load_yaml(text, source)
     return _Validator(source, lines).scenario(data)
 
 
@@ -177,127 +173,14 @@ def parse_scenario(
     """Validate a scenario given as a dict, or as YAML/TOML text (``format``)."""
     if isinstance(data, str):
         if format == "toml":
-            loaded, lines = _load_toml(data, source)
+            loaded, lines = load_toml(data, source)
         else:
-            loaded, lines = _load_yaml(data, source)
+            loaded, lines = load_yaml(data, source)
         return _Validator(source, lines).scenario(loaded)
     return _Validator(source, {}).scenario(data)
 
 
-def _load_yaml(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:
-    try:
-        import yaml
-    except ImportError as exc:  # pragma: no cover - needs the extra missing
-        from .._errors import MissingExtra
-
-        raise MissingExtra("yaml", "mock") from exc
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{source}{line}: invalid YAML: {exc.problem or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: invalid YAML: {exc}") from exc
-    if node is None:
-        return {}, {}
-    lines: dict[FieldPath, int] = {}
-    constructor = yaml.constructor.SafeConstructor()
-    errors: list[str] = []
-
-    def build(n: yaml.Node, path: FieldPath) -> Any:
-        lines[path] = n.start_mark.line + 1
-        if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in n.value:
-                key = build(key_node, (*path, "<key>"))
-                if isinstance(key, list | dict):
-                    errors.append(
-                        f"{source}:{key_node.start_mark.line + 1}: {_fmt(path)}: "
-                        "a key must be a scalar"
-                    )
-                    continue
-                child = (*path, str(key))
-                if key in out:
-                    errors.append(
-                        f"{source}:{key_node.start_mark.line + 1}: {_fmt(child)}: duplicate key"
-                    )
-                out[key] = build(value_node, child)
-                lines[child] = key_node.start_mark.line + 1
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(item, (*path, i)) for i, item in enumerate(n.value)]
-        return constructor.construct_object(n, deep=True)
-
-    data = build(node, ())
-    if errors:
-        raise ScenarioError("\n".join(errors))
-    return data, lines
-
-
-_TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
-
-
-def _load_toml(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:
-    import tomllib
-
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"line (\d+)", str(exc))
-        line = f":{match.group(1)}" if match else ""
-        raise ScenarioError(f"{source}{line}: invalid TOML: {exc}") from exc
-    return data, _toml_lines(text)
-
-
-def _toml_lines(text: str) -> dict[FieldPath, int]:
-    # Map field paths to lines for the common TOML shapes: [[routes]] arrays of
-    # tables (counted), [routes.match]-style sub-tables, [[routes.sequence]] and
-    # `key = value` lines (inline tables are attributed to their key's line).
-    lines: dict[FieldPath, int] = {}
-    counters: dict[tuple[str | int, ...], int] = {}
-    table: FieldPath = ()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        header = _TOML_TABLE.match(raw)
-        if header:
-            names = [part.strip().strip("\"'") for part in header.group(1).split(".")]
-            is_array = raw.strip().startswith("[[")
-            path: list[str | int] = []
-            for i, name in enumerate(names):
-                path.append(name)
-                last = i == len(names) - 1
-                if last and is_array:
-                    key = tuple(path)
-                    counters[key] = counters.get(key, -1) + 1
-                    path.append(counters[key])
-                elif not last:
-                    key = tuple(path)
-                    if key in counters:  # an array of tables: the current element
-                        path.append(counters[key])
-            table = tuple(path)
-            lines.setdefault(table, number)
-            if is_array:
-                lines.setdefault(table[:-1], number)
-            continue
-        key_match = _TOML_KEY.match(raw)
-        if key_match:
-            names = [part.strip().strip("\"'") for part in key_match.group(1).split(".")]
-            lines.setdefault((*table, *names), number)
-    return lines
-
-
 # --- validation -------------------------------------------------------------------
-
-
-def _fmt(path: FieldPath) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + part
-    return out or "<top>"
 
 
 class _Validator:
@@ -317,7 +200,7 @@ class _Validator:
         if line is None:
             line = self.lines.get(())
         where = f"{self.source}:{line}" if line is not None else self.source
-        self.errors.append(f"{where}: {_fmt(path)}: {message}")
+        self.errors.append(f"{where}: {format_path(path)}: {message}")
 
     # helpers -----------------------------------------------------------------
 
