@@ -68,6 +68,7 @@ CONTEXT = [
     ("x-ratelimit-remaining-tokens", "0"),
 ]
 ODD_CHARS = "\u0661\uff11\u00b5\u03bc\x00\x7f\u00a0\u2028\udcff\U0001f4a5;,=\"':-.+eE "
+RANDOM_POOL = ODD_CHARS + "0123456789GMTSunNov"
 TEN_KB = [(value * (10_240 // len(value) + 1))[:10_240] for value in VALID_VALUES]
 
 
@@ -109,7 +110,7 @@ def _ten_kb(rng: random.Random, value: str) -> str:
 
 
 def _random_text(rng: random.Random, value: str) -> str:
-    return "".join(rng.choice(ODD_CHARS + "0123456789GMTSunNov") for _ in range(rng.randint(0, 40)))
+    return "".join(rng.choices(RANDOM_POOL, k=rng.randint(0, 40)))
 
 
 MUTATIONS: list[Callable[[random.Random, str], str]] = [
