@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -62,6 +63,32 @@ def test_every_client_succeeds_exactly_once() -> None:
     calls, times = _occ.run_batch("none", 30, 50, np.random.SeedSequence(1))
     assert (calls >= 30).all()
     assert np.isfinite(times).all() and (times > 0).all()
+
+
+@pytest.mark.parametrize("strategy", _occ.STRATEGIES)
+def test_batches_replay_as_one_sequential_server(strategy: str) -> None:
+    """Replaying every decided write in time order gives the engine's own verdicts.
+
+    The server rule: a write succeeds iff no write succeeded between its read and
+    it. Rounds must also never decide a write earlier than one already decided.
+    """
+    trace: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    calls, _ = _occ.run_batch(strategy, 25, 8, np.random.SeedSequence(9), trace=trace)
+    for run in range(8):
+        rounds = [
+            (r[mine], w[mine], ok[mine]) for rows, r, w, ok in trace if (mine := rows == run).any()
+        ]
+        for (_, before, _), (_, after, _) in itertools.pairwise(rounds):
+            assert before.max() < after.min()
+        reads, writes, verdicts = (np.concatenate(part) for part in zip(*rounds))
+        assert len(writes) == calls[run]
+        assert verdicts.sum() == 25
+        last_success = -math.inf
+        for index in np.argsort(writes):
+            expected = bool(reads[index] > last_success)
+            assert verdicts[index] == expected
+            if expected:
+                last_success = writes[index]
 
 
 @pytest.mark.parametrize("strategy", _occ.STRATEGIES)

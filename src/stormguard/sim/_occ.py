@@ -188,8 +188,14 @@ def run_events(strategy: str, clients: int, rng: random.Random) -> tuple[int, fl
 # -- the fast engine: batches of writes, runs side by side -----------------------
 
 
-def run_batch(strategy: str, clients: int, runs: int, seed_seq: Any) -> tuple[Any, Any]:
-    """``runs`` independent runs at once: arrays (calls per run, time per run)."""
+def run_batch(
+    strategy: str, clients: int, runs: int, seed_seq: Any, *, trace: list[Any] | None = None
+) -> tuple[Any, Any]:
+    """``runs`` independent runs at once: arrays (calls per run, time per run).
+
+    With ``trace``, every decided write is appended as arrays ``(run, read time,
+    write time, succeeded)``, one tuple per round, so a test can replay them.
+    """
     np = numpy()
     library_backoff(strategy)  # validates the name
     # SFC64: a fast, well-tested generator; the normal draws are the largest cost.
@@ -202,12 +208,15 @@ def run_batch(strategy: str, clients: int, runs: int, seed_seq: Any) -> tuple[An
 
     read = message(shape)  # server time of the read behind each write in flight
     write = read + message(shape) + message(shape)  # server time of that write
-    attempt = np.zeros(shape)
-    previous = np.full(shape, BASE)
-    # Drawn in advance for the cycle after a failure of the write in flight.
+    attempt = np.ones(shape)  # the model's attempt number should this write fail
+    # Drawn in advance for the cycle after a failure of the write in flight:
+    # reply = the write's reply; to_read = reply + sleep + read request (the next
+    # read's server time is write + to_read); cycle = to_read + read reply +
+    # write request (the next write's server time is write + cycle).
     reply = message(shape)
-    sleep = sleep_draws(strategy, attempt + 1, previous, rng.random(shape))
-    cycle = reply + sleep + message(shape) + message(shape) + message(shape)
+    sleep = sleep_draws(strategy, attempt, np.full(shape, BASE), rng.random(shape))
+    to_read = reply + sleep + message(shape)
+    cycle = to_read + message(shape) + message(shape)
     calls = np.zeros(runs, dtype=np.int64)
     finish = np.zeros(runs)
     last_success = np.full(runs, -inf)
@@ -226,9 +235,9 @@ def run_batch(strategy: str, clients: int, runs: int, seed_seq: Any) -> tuple[An
                 break
             if active <= 0.75 * width:
                 order = np.argsort(write, axis=1)[:, :active]
-                read, write, attempt, previous, reply, sleep, cycle = (
+                read, write, attempt, reply, sleep, to_read, cycle = (
                     np.take_along_axis(column, order, axis=1)
-                    for column in (read, write, attempt, previous, reply, sleep, cycle)
+                    for column in (read, write, attempt, reply, sleep, to_read, cycle)
                 )
                 width = active
         horizon = np.min(write + cycle, axis=1)
@@ -237,6 +246,9 @@ def run_batch(strategy: str, clients: int, runs: int, seed_seq: Any) -> tuple[An
         if not sizes.any():
             break
         calls += sizes
+        if trace is not None:
+            decided = batch.copy()
+            snapshot = (read.copy(), write.copy())
         live = rows[sizes > 0]
         while live.size:
             candidates = batch[live] & (read[live] > last_success[live, None])
@@ -250,26 +262,28 @@ def run_batch(strategy: str, clients: int, runs: int, seed_seq: Any) -> tuple[An
             write[live, first] = inf
             read[live, first] = inf
             cycle[live, first] = 0.0
+        if trace is not None:
+            where = np.nonzero(decided)
+            trace.append((where[0], snapshot[0][where], snapshot[1][where], ~batch[where]))
         failed = np.flatnonzero(batch)
         count = failed.size
         if count:
             # Flat views (the arrays are contiguous) indexed by position.
             write_, read_, attempt_ = write.reshape(-1), read.reshape(-1), attempt.reshape(-1)
-            reply_, sleep_, cycle_ = reply.reshape(-1), sleep.reshape(-1), cycle.reshape(-1)
-            new_attempt = attempt_[failed] + 1
-            attempt_[failed] = new_attempt
-            slept = sleep_[failed]
-            previous.reshape(-1)[failed] = slept
-            new_read = write_[failed] + reply_[failed] + slept + message(count)
-            read_[failed] = new_read
-            write_[failed] = new_read + message(count) + message(count)
+            reply_, sleep_ = reply.reshape(-1), sleep.reshape(-1)
+            to_read_, cycle_ = to_read.reshape(-1), cycle.reshape(-1)
+            was = write_[failed]
+            read_[failed] = was + to_read_[failed]
+            write_[failed] = was + cycle_[failed]
+            next_attempt = attempt_[failed] + 1
+            attempt_[failed] = next_attempt
             new_reply = message(count)
             reply_[failed] = new_reply
-            new_sleep = sleep_draws(strategy, new_attempt + 1, slept, rng.random(count))
+            new_sleep = sleep_draws(strategy, next_attempt, sleep_[failed], rng.random(count))
             sleep_[failed] = new_sleep
-            cycle_[failed] = (
-                new_reply + new_sleep + message(count) + message(count) + message(count)
-            )
+            new_to_read = new_reply + new_sleep + message(count)
+            to_read_[failed] = new_to_read
+            cycle_[failed] = new_to_read + message(count) + message(count)
     return calls, finish
 
 
