@@ -23,6 +23,7 @@ from typing import Any
 
 import h11
 
+from ._checker import Checker, Report
 from ._faults import Plan, Planner
 from ._journal import MockState
 from ._scenario import Scenario, load_scenario, parse_scenario
@@ -94,10 +95,8 @@ class MockServer:
         """Forget journal, ledger, sequence positions and rate limits."""
         self._planner.reset()
 
-    def check(self, **options: Any) -> Any:
-        """Run the retry-contract checker on the journal; returns a ``Report``."""
-        from ._checker import Checker
-
+    def check(self, **options: Any) -> Report:
+        """Run the retry-contract checker on the journal (options of ``Checker``)."""
         return Checker(**options).check(self.journal())
 
     def start(self) -> MockServer:
