@@ -239,8 +239,9 @@ def _free_by(entries: Sequence[tuple[float, float]], need: float, span: float, n
 class SlidingWindowLog(_Stepper):
     """At most ``limit`` units in any ``window`` seconds, exactly (one entry per hit).
 
-    An entry made at ``t`` counts while ``now < t + window``. Memory per key is one
-    entry per admitted hit, so at most ``limit`` entries.
+    An entry made at ``t`` counts while ``now < t + window``. Costs count in whole
+    units (a fractional cost is rounded up). Memory per key: at most ``limit``
+    entries (in Redis, one sorted-set member per unit).
     """
 
     kind: ClassVar[str] = "sliding_window_log"
@@ -258,6 +259,7 @@ class SlidingWindowLog(_Stepper):
         return replace(self, limit=self.limit * factor)
 
     def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
+        cost = math.ceil(cost - EPSILON)  # whole units, as the Redis log stores them
         entries: tuple[tuple[float, float], ...] = state or ()
         if entries:
             now = max(now, entries[-1][0])

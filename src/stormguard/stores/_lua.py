@@ -5,13 +5,22 @@
 # its own file while a request with several limits stays one EVALSHA.
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any, Protocol
 
 from ..core._limiters import Decision, LimitRequest
 
-__all__ = ["LIMIT_SCRIPT", "decode", "encode", "encode_release", "limit_script_source"]
+__all__ = [
+    "LIMIT_SCRIPT",
+    "decode",
+    "decode_batch",
+    "encode",
+    "encode_batch",
+    "encode_release",
+    "limit_script_source",
+]
 
 LIMIT_SCRIPT = "limit"
 _PARTS = (
@@ -42,14 +51,23 @@ def _keys(store: _Keyed, request: LimitRequest) -> tuple[str, str]:
 
 
 def encode(store: _Keyed, requests: Sequence[LimitRequest]) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of a "hit" call deciding ``requests`` together."""
+    """KEYS and ARGV of a "hit" call deciding ``requests`` together (one group)."""
+    return encode_batch(store, [requests])
+
+
+def encode_batch(
+    store: _Keyed, groups: Sequence[Sequence[LimitRequest]]
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of a "hit" call deciding several independent groups."""
     keys: list[str] = []
-    args: list[Any] = ["hit", len(requests)]
-    for request in requests:
-        keys.extend(_keys(store, request))
-        first, second = request.algorithm.params()
-        args += [request.algorithm.kind, repr(first), repr(second), repr(request.cost)]
-        args.append(request.lease)
+    args: list[Any] = ["hit", len(groups)]
+    for requests in groups:
+        args.append(len(requests))
+        for request in requests:
+            keys.extend(_keys(store, request))
+            first, second = request.algorithm.params()
+            args += [request.algorithm.kind, repr(first), repr(second), repr(request.cost)]
+            args.append(request.lease)
     return keys, args
 
 
@@ -61,23 +79,34 @@ def encode_release(
 
 
 def decode(requests: Sequence[LimitRequest], reply: Any) -> list[Decision]:
-    """Decisions from the script's flat reply, named after their requests."""
-    decisions = []
-    committed = int(reply[0]) == 1
-    for i, request in enumerate(requests):
-        base = 1 + 4 * i
-        allowed = int(reply[base]) == 1
-        algorithm = request.algorithm
-        decisions.append(
-            Decision(
-                allowed,
-                algorithm.limit,
-                max(0.0, float(reply[base + 1])),
-                max(0.0, float(reply[base + 2])),
-                float(reply[base + 3]),
-                name=request.name,
-                window=algorithm.window,
-                lease=(request.lease or None) if committed and request.cost > 0 else None,
+    """Decisions from the script's reply to :func:`encode`."""
+    return decode_batch([requests], reply)[0]
+
+
+def decode_batch(groups: Sequence[Sequence[LimitRequest]], reply: Any) -> list[list[Decision]]:
+    """Decisions per group from the script's reply to :func:`encode_batch`."""
+    out = []
+    at = 0
+    for requests in groups:
+        committed = reply[at] == 1
+        decisions = []
+        for i, request in enumerate(requests):
+            base = at + 1 + 4 * i
+            allowed = reply[base] == 1
+            retry = reply[base + 3]
+            algorithm = request.algorithm
+            decisions.append(
+                Decision(
+                    allowed,
+                    algorithm.limit,
+                    reply[base + 1] / 1e6,
+                    reply[base + 2] / 1e6,
+                    math.inf if retry < 0 else retry / 1e6,
+                    request.name,
+                    algorithm.window,
+                    (request.lease or None) if committed and request.cost > 0 else None,
+                )
             )
-        )
-    return decisions
+        out.append(decisions)
+        at += 1 + 4 * len(requests)
+    return out

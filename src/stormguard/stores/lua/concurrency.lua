@@ -16,8 +16,8 @@ end
 
 local function conc_expire(key, aux, reset)
   if reset > 0 then
-    expire(key, reset)
-    expire(aux, reset)
+    redis.call('PEXPIRE', key, px(reset))
+    redis.call('PEXPIRE', aux, px(reset))
   else
     redis.call('DEL', key, aux)
   end
@@ -43,8 +43,8 @@ ALG.concurrency = function(key, aux, limit, lease_for, now, cost, lease, write)
   if cost > 0 then
     reset = math.max(reset, lease_for)
     if write then
-      redis.call('ZADD', key, fmt(now + lease_for), lease)
-      redis.call('HSET', aux, lease, fmt(cost))
+      redis.call('ZADD', key, now + lease_for, lease)
+      redis.call('HSET', aux, lease, cost)
       conc_expire(key, aux, reset)
     end
   end
@@ -62,7 +62,7 @@ end
 
 local function conc_renew(key, aux, lease, lease_for, now)
   conc_cleanup(key, aux, now)
-  redis.call('ZADD', key, 'XX', fmt(now + lease_for), lease)
+  redis.call('ZADD', key, 'XX', now + lease_for, lease)
   if redis.call('ZSCORE', key, lease) == false then return 0 end
   local _, reset = conc_cleanup(key, aux, now)
   conc_expire(key, aux, reset)

@@ -1,5 +1,5 @@
--- Sliding window counter: hash {w = window index, p = previous, c = current};
--- p1 = limit, p2 = window. used = p * (1 - elapsed/window) + c.
+-- Sliding window counter: string "<window index>:<previous>:<current>";
+-- p1 = limit, p2 = window. used = previous * (1 - elapsed/window) + current.
 local function swc_reset(window, prev, curr, elapsed)
   if curr > 0 then return 2 * window - elapsed end
   if prev > 0 then return window - elapsed end
@@ -7,16 +7,17 @@ local function swc_reset(window, prev, curr, elapsed)
 end
 
 ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease, write)
-  local state = redis.call('HMGET', key, 'w', 'p', 'c')
   local index = math.floor((now + EPS) / window)
-  local w = tonumber(state[1])
   local prev, curr = 0, 0
-  if w ~= nil then
+  local state = redis.call('GET', key)
+  if state then
+    local w, p, c = string.match(state, '^([^:]+):([^:]+):(.+)$')
+    w = tonumber(w)
     if w > index then index = w end
     if w == index then
-      prev, curr = tonumber(state[2]) or 0, tonumber(state[3]) or 0
+      prev, curr = tonumber(p), tonumber(c)
     elseif w == index - 1 then
-      prev = tonumber(state[3]) or 0
+      prev = tonumber(c)
     end
   end
   local elapsed = math.min(window, math.max(0, now - index * window))
@@ -39,8 +40,7 @@ ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease,
   curr = curr + cost
   local reset = swc_reset(window, prev, curr, elapsed)
   if write and cost > 0 then
-    redis.call('HSET', key, 'w', fmt(index), 'p', fmt(prev), 'c', fmt(curr))
-    expire(key, reset)
+    redis.call('SET', key, index .. ':' .. prev .. ':' .. curr, 'PX', px(reset))
   end
   return true, limit - used - cost, reset, 0
 end

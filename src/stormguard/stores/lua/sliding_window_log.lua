@@ -1,45 +1,33 @@
--- Sliding window log: sorted set of entries scored by time, member "seq:cost";
--- aux hash {n = total cost held, q = sequence}. p1 = limit, p2 = window.
-ALG.sliding_window_log = function(key, aux, limit, window, now, cost, lease, write)
-  local cutoff = now - window + EPS
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff)
-  local used = tonumber(redis.call('HGET', aux, 'n')) or 0
-  if #expired > 0 then
-    local freed = 0
-    for _, member in ipairs(expired) do
-      freed = freed + tonumber(string.match(member, ':(.*)$'))
-    end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
-    if redis.call('ZCARD', key) == 0 then used = 0 else used = used - freed end
-    redis.call('HSET', aux, 'n', fmt(used))
-  end
-  local reset = 0
+-- Sliding window log: sorted set with one member per unit of cost, scored by the
+-- time it was taken; members are "<TIME>#<n>", unique because TIME is. Entries
+-- older than the window are trimmed first, so ZCARD is the units in use.
+-- p1 = limit, p2 = window. Cost counts in whole units (rounded up).
+local function newest_reset(key, window, now)
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #newest > 0 then reset = wait(tonumber(newest[2]) + window, now) end
-  if cost > limit then return false, limit - used, reset, INF end
+  if #newest == 0 then return 0 end
+  return wait(tonumber(newest[2]) + window, now)
+end
+
+ALG.sliding_window_log = function(key, aux, limit, window, now, cost, lease, write, stamp)
+  cost = math.ceil(cost - EPS)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window + EPS)
+  local used = redis.call('ZCARD', key)
+  if cost > limit then return false, limit - used, newest_reset(key, window, now), INF end
   if used + cost > limit + EPS then
-    local need, freed, start = used + cost - limit, 0, 0
-    while true do
-      local batch = redis.call('ZRANGE', key, start, start + 31, 'WITHSCORES')
-      if #batch == 0 then return false, limit - used, reset, INF end
-      for i = 1, #batch, 2 do
-        freed = freed + tonumber(string.match(batch[i], ':(.*)$'))
-        if freed >= need - EPS then
-          return false, limit - used, reset, wait(tonumber(batch[i + 1]) + window, now)
-        end
-      end
-      start = start + 32
-    end
+    local rank = math.ceil(used + cost - limit - EPS) - 1
+    local entry = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+    local retry = wait(tonumber(entry[2]) + window, now)
+    return false, limit - used, newest_reset(key, window, now), retry
   end
-  if cost > 0 then
-    reset = window
-    if write then
-      local seq = redis.call('HINCRBY', aux, 'q', 1)
-      redis.call('ZADD', key, fmt(now), seq .. ':' .. fmt(cost))
-      redis.call('HSET', aux, 'n', fmt(used + cost))
-      expire(key, window)
-      expire(aux, window)
+  if cost == 0 then return true, limit - used, newest_reset(key, window, now), 0 end
+  if write then
+    local args = {}
+    for i = 1, cost do
+      args[2 * i - 1] = now
+      args[2 * i] = stamp .. '#' .. (used + i)
     end
+    redis.call('ZADD', key, unpack(args))
+    redis.call('PEXPIRE', key, px(window))
   end
-  return true, limit - used - cost, reset, 0
+  return true, limit - used - cost, window, 0
 end

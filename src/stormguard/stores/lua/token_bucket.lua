@@ -1,22 +1,22 @@
--- Token bucket: hash {t = tokens, s = last update}; p1 = rate, p2 = burst.
-ALG.token_bucket = function(key, aux, rate, burst, now, cost, lease, write)
-  local state = redis.call('HMGET', key, 't', 's')
-  local tokens, last = tonumber(state[1]), tonumber(state[2])
-  if tokens == nil or last == nil then
-    tokens, last = burst, now
-  else
-    if now < last then now = last end
-    tokens = math.min(burst, tokens + (now - last) * rate)
-  end
-  if cost > burst then return false, tokens, 0, INF end
-  if cost > tokens + EPS then
-    return false, tokens, (burst - tokens) / rate, (cost - tokens) / rate
-  end
-  tokens = tokens - cost
-  local reset = (burst - tokens) / rate
+-- Token bucket, stored as its theoretical arrival time (one number): the bucket
+-- is full at `tat`, and holds burst - (tat - now) * rate tokens at `now`. This is
+-- the same meter as GCRA (see gcra.lua), so both admit exactly the same hits.
+-- p1 = rate, p2 = burst.
+local function tat_meter(key, rate, burst, now, cost, write)
+  local tat = tonumber(redis.call('GET', key))
+  if tat == nil or tat < now then tat = now end
+  local tau = burst / rate
+  local remaining = (tau - (tat - now)) * rate
+  if cost > burst then return false, remaining, tat - now, INF end
+  local new_tat = tat + cost / rate
+  local allow_at = new_tat - tau
+  if allow_at > now + EPS then return false, remaining, tat - now, allow_at - now end
   if write and cost > 0 then
-    redis.call('HSET', key, 't', fmt(tokens), 's', fmt(now))
-    expire(key, reset)
+    redis.call('SET', key, new_tat, 'PX', px(new_tat - now))
   end
-  return true, tokens, reset, 0
+  return true, (tau - (new_tat - now)) * rate, new_tat - now, 0
+end
+
+ALG.token_bucket = function(key, aux, rate, burst, now, cost, lease, write)
+  return tat_meter(key, rate, burst, now, cost, write)
 end
