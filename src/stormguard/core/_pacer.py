@@ -18,6 +18,7 @@
 # stormguard.Quota) and `now`; returns how long to wait.
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -101,8 +102,12 @@ class PacerCore:
                 wait = max(wait, slot.next_at - now)
         return wait
 
-    def reserve(self, now: float) -> float:
-        """Take the next slot: seconds to wait from ``now`` before sending."""
+    def reserve(self, now: float, limit: float = math.inf) -> float:
+        """Take the next slot: seconds to wait from ``now`` before sending.
+
+        When the wait would exceed ``limit`` nothing is taken and the wait is
+        returned as it is (the caller fails fast instead of waiting).
+        """
         if not self.pools:
             return 0.0
         wait = 0.0
@@ -111,6 +116,8 @@ class PacerCore:
                 del self.pools[name]  # refilled: pacing over
                 continue
             wait = max(wait, slot.next_at - now)
+        if wait > limit:
+            return wait
         at = now + wait
         for slot in self.pools.values():
             slot.next_at = max(slot.next_at, at + slot.interval)

@@ -10,6 +10,7 @@ from ._breaker import BreakerEvent, CircuitBreaker, Permit
 from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
+from ._origin import OriginGuard, OriginGuards, origin_of
 from ._pacer import Pacer
 
 __all__ = [
@@ -17,7 +18,10 @@ __all__ = [
     "Bulkhead",
     "CircuitBreaker",
     "Cooldown",
+    "OriginGuard",
+    "OriginGuards",
     "Pacer",
     "Permit",
     "RetryBudget",
+    "origin_of",
 ]

@@ -86,30 +86,38 @@ class Bulkhead:
             return True
         return False
 
-    def acquire(self) -> None:
-        """Take a slot, waiting up to ``max_wait``; raises BulkheadFull."""
+    def _wait_for(self, max_wait: float | None) -> float:
+        return self.max_wait if max_wait is None else max(0.0, min(self.max_wait, max_wait))
+
+    def acquire(self, max_wait: float | None = None) -> None:
+        """Take a slot, waiting up to the bulkhead's ``max_wait`` (or this one if shorter).
+
+        Raises :class:`stormguard.BulkheadFull` when no slot frees up in time.
+        """
+        max_wait = self._wait_for(max_wait)
         with self._lock:
             if self._try_take():
                 return
-            if self.max_wait <= 0:
+            if max_wait <= 0:
                 raise BulkheadFull(self.limit, 0.0)
             waiter = _Waiter(event=threading.Event())
             self._waiters.append(waiter)
         start = time.monotonic()
         assert waiter.event is not None
-        waiter.event.wait(self.max_wait)
+        waiter.event.wait(max_wait)
         with self._lock:
             if waiter.granted:
                 return
             self._waiters.remove(waiter)
         raise BulkheadFull(self.limit, time.monotonic() - start)
 
-    async def aacquire(self) -> None:
+    async def aacquire(self, max_wait: float | None = None) -> None:
         """Async twin of :meth:`acquire`."""
+        max_wait = self._wait_for(max_wait)
         with self._lock:
             if self._try_take():
                 return
-            if self.max_wait <= 0:
+            if max_wait <= 0:
                 raise BulkheadFull(self.limit, 0.0)
             loop = asyncio.get_running_loop()
             waiter = _Waiter(loop=loop, future=loop.create_future())
@@ -117,7 +125,7 @@ class Bulkhead:
         start = time.monotonic()
         assert waiter.future is not None
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait)
+            await asyncio.wait_for(asyncio.shield(waiter.future), max_wait)
         except TimeoutError:
             pass
         except BaseException:

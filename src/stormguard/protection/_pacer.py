@@ -4,6 +4,7 @@
 # it would pass the deadline).
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -72,14 +73,17 @@ class Pacer:
         if quotas:
             self.observe_quotas(origin, quotas)
 
-    def reserve(self, origin: str) -> float:
-        """Take the next slot for ``origin``: seconds to wait before sending."""
+    def reserve(self, origin: str, *, limit: float = math.inf) -> float:
+        """Take the next slot for ``origin``: seconds to wait before sending.
+
+        A wait longer than ``limit`` takes no slot and is returned as it is.
+        """
         core = self._origins.get(origin)
         if core is None:
             return 0.0
         now = self._monotonic()
         with self._lock:
-            return core.reserve(now)
+            return core.reserve(now, limit)
 
     def delay(self, origin: str) -> float:
         """Seconds the next request to ``origin`` would wait (nothing reserved)."""

@@ -1,0 +1,292 @@
+# Per-origin protection for the HTTP adapters: one breaker, one retry budget and
+# one bulkhead per origin (scheme://host:port), plus one cooldown and one pacer
+# registry keyed by origin, bundled so an adapter needs four calls per attempt:
+#
+#     guard = guards.get(origin)              # once per logical request
+#     policy = guard.policy(base_policy)      # breaker/budget wired into RetryPolicy
+#     wait = guard.wait_before(limit)         # cooldown + pacing; RateLimited if too long
+#     with guard.slot(max_wait): send         # bulkhead
+#     guard.observe(status, headers)          # 429/503 hint -> cooldown; quotas -> pacer
+#
+# Each part is on with safe defaults or off with one keyword: True (defaults),
+# False/None (off), a mapping of settings, or a ready object shared by every
+# origin. With `store=RedisStore(url)` breakers, budgets and cooldowns are shared
+# by every process (named after the origin).
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import ConfigError, RateLimited
+from ._breaker import CircuitBreaker
+from ._budget import RetryBudget
+from ._bulkhead import Bulkhead
+from ._cooldown import Cooldown
+from ._pacer import Pacer
+
+__all__ = ["OriginGuard", "OriginGuards", "origin_of"]
+
+# Statuses whose wait hint pauses the whole origin.
+COOLDOWN_STATUSES = frozenset({429, 503})
+_MAX_ORIGINS = 1024
+_DEFAULT_BULKHEAD = {"limit": 100, "max_wait": 60.0}
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``, lower-cased (the unit of protection)."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        return url
+    scheme = (parts.scheme or "http").lower()
+    default = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
+
+
+Setting = bool | Mapping[str, Any] | None | object
+
+
+def _settings(value: object, field: str, kind: type) -> dict[str, Any] | object | None:
+    # True -> {} (defaults), False/None -> None (off), Mapping -> dict, instance -> shared.
+    if value is True:
+        return {}
+    if value is False or value is None:
+        return None
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, kind):
+        return value
+    raise ConfigError(field, f"True, False, a mapping of settings or a {kind.__name__}")
+
+
+class OriginGuard:
+    """The protection of one origin (see :class:`OriginGuards`)."""
+
+    __slots__ = (
+        "_cooldown",
+        "_pacer",
+        "_policy_cache",
+        "breaker",
+        "budget",
+        "bulkhead",
+        "origin",
+    )
+
+    def __init__(
+        self,
+        origin: str,
+        *,
+        breaker: CircuitBreaker | None,
+        budget: RetryBudget | None,
+        bulkhead: Bulkhead | None,
+        cooldown: Cooldown | None,
+        pacer: Pacer | None,
+    ) -> None:
+        self.origin = origin
+        self.breaker = breaker
+        self.budget = budget
+        self.bulkhead = bulkhead
+        self._cooldown = cooldown
+        self._pacer = pacer
+        self._policy_cache: tuple[Any, Any] | None = None
+
+    def policy(self, base: Any) -> Any:
+        """``base`` (a RetryPolicy) with this origin's breaker and budget, unless it has its own."""
+        cached = self._policy_cache
+        if cached is not None and cached[0] is base:
+            return cached[1]
+        changes: dict[str, Any] = {}
+        if base.breaker is None and self.breaker is not None:
+            changes["breaker"] = self.breaker
+        if base.budget is None and self.budget is not None:
+            changes["budget"] = self.budget
+        policy = base.replace(**changes) if changes else base
+        self._policy_cache = (base, policy)
+        return policy
+
+    def wait_before(self, limit: float) -> float:
+        """Seconds to wait before the next attempt (cooldown, then pacing).
+
+        Raises :class:`stormguard.RateLimited` with the wait when it is longer than
+        ``limit`` (the call's remaining deadline, or the longest wait it honours):
+        the request fails fast with the hint instead of sleeping past its deadline.
+        """
+        wait = 0.0
+        if self._cooldown is not None:
+            wait = self._cooldown.remaining(self.origin)
+        return self._pace(wait, limit)
+
+    async def await_before(self, limit: float) -> float:
+        """Async twin of :meth:`wait_before` (awaits a shared cooldown)."""
+        wait = 0.0
+        if self._cooldown is not None:
+            wait = await self._cooldown.aremaining(self.origin)
+        return self._pace(wait, limit)
+
+    def _pace(self, wait: float, limit: float) -> float:
+        if wait > limit:
+            raise RateLimited(wait, f"{self.origin} is cooling down for {wait:.3f}s")
+        if self._pacer is not None:
+            paced = self._pacer.reserve(self.origin, limit=limit)
+            if paced > limit:
+                raise RateLimited(paced, f"{self.origin} is paced: next slot in {paced:.3f}s")
+            wait = max(wait, paced)
+        return wait
+
+    def observe(self, status: int, headers: Any, hint: float | None) -> None:
+        """Learn from a response: a 429/503 hint pauses the origin; quotas feed pacing."""
+        if self._cooldown is not None and hint and status in COOLDOWN_STATUSES:
+            self._cooldown.pause(self.origin, hint)
+        if self._pacer is not None:
+            self._pacer.observe(self.origin, headers)
+
+    async def aobserve(self, status: int, headers: Any, hint: float | None) -> None:
+        """Async twin of :meth:`observe`."""
+        if self._cooldown is not None and hint and status in COOLDOWN_STATUSES:
+            await self._cooldown.apause(self.origin, hint)
+        if self._pacer is not None:
+            self._pacer.observe(self.origin, headers)
+
+    @contextlib.contextmanager
+    def slot(self, max_wait: float | None = None) -> Iterator[None]:
+        """Hold a bulkhead slot (if any) for one attempt; raises BulkheadFull."""
+        if self.bulkhead is None:
+            yield
+            return
+        self.bulkhead.acquire(max_wait)
+        try:
+            yield
+        finally:
+            self.bulkhead.release()
+
+    @contextlib.asynccontextmanager
+    async def aslot(self, max_wait: float | None = None) -> AsyncIterator[None]:
+        """Async twin of :meth:`slot`."""
+        if self.bulkhead is None:
+            yield
+            return
+        await self.bulkhead.aacquire(max_wait)
+        try:
+            yield
+        finally:
+            self.bulkhead.release()
+
+
+class OriginGuards:
+    """Per-origin breakers, budgets, bulkheads, cooldown and pacing for an HTTP client.
+
+    Each keyword takes ``True`` (on, defaults), ``False``/``None`` (off), a mapping
+    of settings for the per-origin object (``breaker={"failure_rate": 0.3}``), or a
+    ready object to share across all origins. Defaults: a :class:`CircuitBreaker`
+    per origin counting 5xx and transport errors (not 4xx); a :class:`RetryBudget`
+    per origin (10 % + 10/s); a :class:`Bulkhead` of 100 per origin waiting at most
+    the call's deadline; a shared :class:`Cooldown` honouring 429/503 hints; a
+    :class:`Pacer` spreading the last 10 % of each quota. ``store`` shares
+    breakers, budgets and cooldowns across processes.
+    """
+
+    __slots__ = (
+        "_breaker",
+        "_budget",
+        "_bulkhead",
+        "_clock",
+        "_cooldown",
+        "_guards",
+        "_lock",
+        "_pacer",
+        "_rng",
+        "_store",
+    )
+
+    def __init__(
+        self,
+        *,
+        breaker: Setting = True,
+        budget: Setting = True,
+        bulkhead: Setting = True,
+        cooldown: Setting = True,
+        pacing: Setting = True,
+        store: Any = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._clock = clock or SYSTEM_CLOCK
+        self._rng = rng
+        self._store = store
+        self._breaker = _settings(breaker, "breaker", CircuitBreaker)
+        self._budget = _settings(budget, "budget", RetryBudget)
+        bulk = _settings(bulkhead, "bulkhead", Bulkhead)
+        if isinstance(bulk, dict):
+            bulk = {**_DEFAULT_BULKHEAD, **bulk}
+        self._bulkhead = bulk
+        cool = _settings(cooldown, "cooldown", Cooldown)
+        if isinstance(cool, dict):
+            cool = Cooldown(clock=self._clock, store=store, **cool)
+        self._cooldown: Cooldown | None = cool  # type: ignore[assignment]
+        pace = _settings(pacing, "pacing", Pacer)
+        if isinstance(pace, dict):
+            pace = Pacer(clock=self._clock, **pace)
+        self._pacer: Pacer | None = pace  # type: ignore[assignment]
+        self._guards: dict[str, OriginGuard] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        """False when every part is off (the adapter can skip the bookkeeping)."""
+        return any(
+            part is not None
+            for part in (self._breaker, self._budget, self._bulkhead, self._cooldown, self._pacer)
+        )
+
+    def get(self, origin: str) -> OriginGuard:
+        """The guard of ``origin`` (created on first use, kept for the client's life)."""
+        guard = self._guards.get(origin)
+        if guard is not None:
+            return guard
+        with self._lock:
+            guard = self._guards.get(origin)
+            if guard is None:
+                if len(self._guards) >= _MAX_ORIGINS:
+                    self._guards.pop(next(iter(self._guards)))  # the oldest origin
+                guard = self._guards[origin] = self._build(origin)
+        return guard
+
+    def for_url(self, url: str) -> OriginGuard:
+        """The guard of the origin of ``url``."""
+        return self.get(origin_of(url))
+
+    def origins(self) -> Iterable[str]:
+        """Origins seen so far."""
+        return list(self._guards)
+
+    def _build(self, origin: str) -> OriginGuard:
+        breaker = self._breaker
+        if isinstance(breaker, dict):
+            settings = {"name": origin, "clock": self._clock, "rng": self._rng, **breaker}
+            if self._store is not None:
+                settings.setdefault("store", self._store)
+            breaker = CircuitBreaker(**settings)
+        budget = self._budget
+        if isinstance(budget, dict):
+            settings = {"name": origin, "clock": self._clock, **budget}
+            if self._store is not None:
+                settings.setdefault("store", self._store)
+            budget = RetryBudget(**settings)
+        bulkhead = self._bulkhead
+        if isinstance(bulkhead, dict):
+            bulkhead = Bulkhead(**{"name": origin, **bulkhead})
+        return OriginGuard(
+            origin,
+            breaker=breaker,  # type: ignore[arg-type]
+            budget=budget,  # type: ignore[arg-type]
+            bulkhead=bulkhead,  # type: ignore[arg-type]
+            cooldown=self._cooldown,
+            pacer=self._pacer,
+        )

@@ -1,0 +1,126 @@
+"""OriginGuards: per-origin breaker, budget, bulkhead, cooldown and pacing for HTTP clients."""
+
+from __future__ import annotations
+
+import pytest
+
+from stormguard import BulkheadFull, ConfigError, RateLimited, RetryPolicy
+from stormguard.protection import Bulkhead, CircuitBreaker
+from stormguard.protection._origin import OriginGuards, origin_of
+from stormguard.testing import FakeClock
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("https://API.example.com/v1/x?q=1", "https://api.example.com"),
+        ("https://api.example.com:443/", "https://api.example.com"),
+        ("http://localhost:8080/a", "http://localhost:8080"),
+        ("https://user:pw@h.example/", "https://h.example"),
+    ],
+)
+def test_origin_of(url: str, origin: str) -> None:
+    """The origin is scheme://host[:port], lower-cased, default ports dropped."""
+    assert origin_of(url) == origin
+
+
+def test_defaults_give_each_origin_its_own_objects(clock: FakeClock) -> None:
+    """On by default: a breaker, budget and bulkhead per origin, named after it."""
+    guards = OriginGuards(clock=clock)
+    a, b = guards.get("https://a"), guards.get("https://b")
+    assert guards.get("https://a") is a
+    assert a.breaker is not None and a.breaker.name == "https://a"
+    assert a.breaker is not b.breaker
+    assert a.budget is not None and a.budget is not b.budget
+    assert a.bulkhead is not None and a.bulkhead.limit == 100
+
+
+def test_each_part_off_with_one_keyword(clock: FakeClock) -> None:
+    """False turns a part off; all off means nothing to do."""
+    guards = OriginGuards(
+        breaker=False, budget=False, bulkhead=False, cooldown=False, pacing=False, clock=clock
+    )
+    guard = guards.get("https://a")
+    assert (guard.breaker, guard.budget, guard.bulkhead) == (None, None, None)
+    assert not guards.enabled
+    assert guard.wait_before(1.0) == 0.0
+    with guard.slot():
+        pass
+
+
+def test_settings_and_shared_objects(clock: FakeClock) -> None:
+    """A mapping configures the per-origin object; an instance is shared by all origins."""
+    shared = Bulkhead(3)
+    guards = OriginGuards(breaker={"failure_rate": 0.25}, bulkhead=shared, clock=clock)
+    a, b = guards.get("https://a"), guards.get("https://b")
+    assert a.breaker is not None and a.breaker.config.failure_rate == 0.25
+    assert a.bulkhead is shared and b.bulkhead is shared
+    with pytest.raises(ConfigError):
+        OriginGuards(breaker="yes")
+
+
+def test_policy_gets_the_origin_breaker_and_budget(clock: FakeClock) -> None:
+    """The policy is completed with the origin's breaker/budget, unless it has its own."""
+    guards = OriginGuards(clock=clock)
+    guard = guards.get("https://a")
+    base = RetryPolicy(attempts=3)
+    policy = guard.policy(base)
+    assert policy.breaker is guard.breaker
+    assert policy.budget is guard.budget
+    assert guard.policy(base) is policy  # cached
+    own = CircuitBreaker()
+    assert guard.policy(base.replace(breaker=own)).breaker is own
+
+
+def test_cooldown_from_429_hint_pauses_the_origin(clock: FakeClock) -> None:
+    """A 429 with a hint pauses the origin; a deadline shorter than the pause fails fast."""
+    guards = OriginGuards(clock=clock)
+    guard = guards.get("https://a")
+    guard.observe(429, {"retry-after": "30"}, 30.0)
+    assert guards.get("https://b").wait_before(60.0) == 0.0
+    assert guard.wait_before(60.0) == 30.0
+    with pytest.raises(RateLimited) as info:
+        guard.wait_before(10.0)
+    assert info.value.retry_after == 30.0
+    clock.advance(31.0)
+    assert guard.wait_before(10.0) == 0.0
+
+
+def test_500_hint_does_not_pause(clock: FakeClock) -> None:
+    """Only 429 and 503 hints pause the whole origin."""
+    guard = OriginGuards(clock=clock).get("https://a")
+    guard.observe(500, {}, 30.0)
+    assert guard.wait_before(60.0) == 0.0
+
+
+def test_pacing_from_headers(clock: FakeClock) -> None:
+    """Quota headers under 10 % pace the origin; too long a slot fails fast."""
+    guard = OriginGuards(clock=clock).get("https://api.github.com")
+    headers = {
+        "x-ratelimit-limit": "100",
+        "x-ratelimit-remaining": "2",
+        "x-ratelimit-reset": str(int(clock.time()) + 60),
+    }
+    guard.observe(200, headers, None)
+    assert guard.wait_before(60.0) == 0.0
+    with pytest.raises(RateLimited):
+        guard.wait_before(5.0)  # next slot in 30 s: no slot taken
+    assert guard.wait_before(60.0) == pytest.approx(30.0, abs=0.5)
+
+
+def test_bulkhead_slot_is_bounded_by_the_wait(clock: FakeClock) -> None:
+    """The slot waits at most the given max_wait, then raises BulkheadFull."""
+    guard = OriginGuards(bulkhead={"limit": 1}, clock=clock).get("https://a")
+    with guard.slot(), pytest.raises(BulkheadFull), guard.slot(0.0):
+        pass
+
+
+async def test_async_twins(clock: FakeClock) -> None:
+    """aobserve/await_before/aslot mirror the sync forms."""
+    guard = OriginGuards(bulkhead={"limit": 1}, clock=clock).get("https://a")
+    await guard.aobserve(503, {}, 5.0)
+    assert await guard.await_before(60.0) == 5.0
+    async with guard.aslot():
+        with pytest.raises(BulkheadFull):
+            async with guard.aslot(0.0):
+                pass
