@@ -3,6 +3,7 @@ commit-then-reset; stormguard's client does not, and it obeys Retry-After."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -114,3 +115,48 @@ def test_keyless_post_is_not_retried_by_stormguard(stormguard_mock: Factory) -> 
         client.post(mock.url + "/v1/payments", json={"amount": 100})
     assert len(mock.journal()) == 1
     assert mock.check().ok
+
+
+FLEET: dict[str, Any] = {
+    "routes": [
+        {
+            "match": {"method": "GET", "path": "/v1/status"},
+            "sequence_per": "client",
+            "sequence": [{"status": 503}, {"status": 200}],
+        }
+    ]
+}
+
+
+def _fleet(url: str, transport_for: Callable[[], httpx.BaseTransport | None]) -> None:
+    def one(n: int) -> None:
+        transport = transport_for()
+        client = httpx.Client(transport=transport, headers={"X-Client-Id": f"c{n}"})
+        with client:
+            response = client.get(url + "/v1/status")
+            if response.status_code == 503:  # a fixed-delay retry loop without jitter
+                threading.Event().wait(0.2)
+                client.get(url + "/v1/status")
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def test_fixed_delay_fleet_is_flagged_as_synchronized(stormguard_mock: Factory) -> None:
+    """Twelve clients that all retry after exactly 0.2 s are reported as synchronised."""
+    mock = stormguard_mock(FLEET)
+    _fleet(mock.url, lambda: None)
+    assert mock.check().kinds() == {"synchronized-retries"}
+
+
+def test_full_jitter_fleet_is_not_flagged(stormguard_mock: Factory) -> None:
+    """The same fleet through RetryTransport with full jitter spreads its retries."""
+    mock = stormguard_mock(FLEET)
+    policy = stormguard.RetryPolicy(attempts=3, backoff=stormguard.FullJitter(0.4, 1.0))
+    _fleet(mock.url, lambda: RetryTransport(policy=policy))
+    report = mock.check()
+    assert report.ok, report.summary()
+    assert sum(len(op.attempts) for op in report.operations) == 24
