@@ -39,3 +39,14 @@ def test_rows_cover_every_policy_and_depth() -> None:
     assert [(r.policy, r.depth) for r in rows] == [
         (p, d) for p in _layers.POLICIES for d in (1, 2, 3)
     ]
+
+
+def test_deep_every_layer_simulates_fewer_requests() -> None:
+    """Deep nesting simulates fewer top-level requests and still gives attempts**depth."""
+    assert _layers.run_policy("every-layer", 5, 10, CONFIG) == 10**5
+
+
+def test_every_layer_beyond_the_work_limit_is_refused() -> None:
+    """Past WORK_LIMIT calls per request is a ValueError, not a minutes-long run."""
+    with pytest.raises(ValueError, match="calls per request"):
+        _layers.run_policy("every-layer", 6, 10, CONFIG)

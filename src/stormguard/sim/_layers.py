@@ -11,6 +11,9 @@
 #     top-only             only the top layer retries; the others try once.
 # load = attempts reaching the bottom ÷ top-level requests. The closed forms are
 # attempts**depth, attempts, and about (1 + ratio)**depth plus the reserves.
+# every-layer does attempts**depth calls per request and has no state, so it
+# simulates only as many requests as keep that under WORK_LIMIT calls; a single
+# request above WORK_LIMIT is refused rather than left running for minutes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -21,6 +24,7 @@ from ..core._budget import RetryBudgetCore
 __all__ = ["POLICIES", "LayersConfig", "LayersRow", "run", "run_policy"]
 
 POLICIES = ("every-layer", "budget-every-layer", "top-only")
+WORK_LIMIT = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +87,18 @@ def run_policy(policy: str, depth: int, attempts: int, config: LayersConfig) -> 
                 return True
         return False
 
-    for request in range(config.requests):
+    requests = config.requests
+    if policy == "every-layer":
+        per_request = attempts**depth
+        if per_request > WORK_LIMIT:
+            raise ValueError(
+                f"every-layer would send {per_request:,} calls per request "
+                f"(attempts**depth); the simulator stops at {WORK_LIMIT:,}"
+            )
+        requests = max(1, min(requests, WORK_LIMIT // per_request))
+    for request in range(requests):
         call(0, request / config.rps)
-    return bottom / config.requests
+    return bottom / requests
 
 
 def run(
