@@ -106,6 +106,7 @@ def _check_cost(cost: float) -> float:
 
 class _LimiterBase:
     __slots__ = (
+        "_decide_one",
         "_health",
         "_leases",
         "_memory",
@@ -150,6 +151,8 @@ class _LimiterBase:
         self._leases = isinstance(algorithm, Concurrency)
         # MemoryStore never fails: hits skip the outage bookkeeping entirely.
         self._memory = store if type(store) is MemoryStore else None
+        # A sync store's single-limit hot path (RedisStore.decide_one), if it has one.
+        self._decide_one = getattr(store, "decide_one", None) if self._memory is None else None
 
     @property
     def store_down(self) -> bool:
@@ -287,6 +290,16 @@ class RateLimiter(_LimiterBase):
         if memory is not None and 0 <= cost < _INF:
             lease = os.urandom(9).hex() if self._leases else ""
             return memory.decide_one(self.algorithm, self.name, key, float(cost), lease)
+        decide_one = self._decide_one
+        if decide_one is not None and 0 <= cost < _INF and self._health.down_since is None:
+            lease = os.urandom(9).hex() if self._leases else ""
+            try:
+                decision: Decision = decide_one(self.algorithm, self.name, key, float(cost), lease)
+            except StoreError as exc:
+                group = _Group(((self, key),), cost)
+                group.failed(exc)
+                return group.fallback()
+            return decision
         return RateLimiter.hit_many(((self, key),), cost)
 
     @staticmethod

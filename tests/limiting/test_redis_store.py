@@ -46,14 +46,16 @@ def store(redis_url: str, key_prefix: str) -> Iterator[RedisStore]:
 
 
 def _count_commands(store: RedisStore) -> list[str]:
+    """Record every command this thread's connection writes to the socket."""
     sent: list[str] = []
-    execute = store.client.execute_command
+    conn = store._connection()
+    send = conn.send_command
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         sent.append(str(args[0]))
-        return execute(*args, **kwargs)
+        return send(*args, **kwargs)
 
-    store.client.execute_command = counting  # type: ignore[method-assign]
+    conn.send_command = counting
     return sent
 
 
@@ -152,6 +154,28 @@ def test_lua_scripts_ship_as_package_data() -> None:
     for algorithm in ALL:
         assert f"{algorithm.kind}.lua" in names
     assert "limit.lua" in names
+
+
+async def test_async_hits_in_one_tick_share_a_round_trip(redis_url: str, key_prefix: str) -> None:
+    """Concurrent async hits are coalesced; each group is still decided exactly."""
+    async with AsyncRedisStore(redis_url, prefix=key_prefix) as store:
+        calls = 0
+        evalsha = store.client.evalsha
+
+        async def counting(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await evalsha(*args)  # type: ignore[misc]
+
+        store.client.evalsha = counting  # type: ignore[method-assign]
+        limiter = AsyncRateLimiter(TokenBucket(0.001, 50), store)
+        import asyncio
+
+        decisions = await asyncio.gather(*(limiter.hit("hot") for _ in range(200)))
+        assert sum(d.allowed for d in decisions) == 50
+        assert 1 <= calls <= 4  # 200 hits in batches of at most 128
+        keys = await store.client.keys(key_prefix + "*")
+        await store.client.delete(*keys)
 
 
 async def test_async_store_decides_groups_in_one_call(redis_url: str, key_prefix: str) -> None:

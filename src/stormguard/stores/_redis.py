@@ -11,12 +11,24 @@
 # Cluster hash tag; a script that needs companion keys in the same slot appends
 # `:suffix` after the closing brace.
 #
+# Connections. The sync store runs scripts on one redis-py Connection per thread
+# (created from the client's pool settings, re-created after fork): taking and
+# returning a pooled connection costs as much as the round trip on a busy host.
+# The async store coalesces: the hits that arrive in one event-loop tick go out
+# as one EVALSHA carrying every group (each group still all or nothing), so each
+# hit costs at most one round trip and 64 concurrent callers share a few.
+#
 # Every redis-py exception is mapped to StoreError here, at the boundary. Timeouts
 # are bounded (0.25 s by default) and redis-py's own retries are switched off, so a
 # dead Redis costs a caller at most one connect or read timeout.
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import math
+import os
+import threading
+import weakref
 from collections.abc import Sequence
 from importlib import resources
 from types import TracebackType
@@ -24,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import StoreError
 from .._extras import require
-from ..core._limiters import Decision, LimitRequest
+from ..core._limiters import Algorithm, Decision, LimitRequest
 from . import _lua
 
 if TYPE_CHECKING:
@@ -32,6 +44,8 @@ if TYPE_CHECKING:
     import redis.asyncio
 
 __all__ = ["AsyncRedisStore", "RedisStore"]
+
+_new = tuple.__new__
 
 _SCRIPTS: dict[str, tuple[str, str]] = {}
 
@@ -71,6 +85,11 @@ def _store_error(exc: Exception) -> StoreError:
     return err
 
 
+def _is_reply_error(exc: Exception) -> bool:
+    # An error *reply* (script error, NOSCRIPT): the connection is still in sync.
+    return any(cls.__name__ == "ResponseError" for cls in type(exc).__mro__)
+
+
 def _is_noscript(exc: Exception) -> bool:
     return type(exc).__name__ == "NoScriptError" or str(exc).startswith("NOSCRIPT")
 
@@ -99,7 +118,7 @@ class RedisStore(_RedisBase):
     Every redis error surfaces as :class:`stormguard.StoreError`.
     """
 
-    __slots__ = ("client",)
+    __slots__ = ("_conns", "_conns_lock", "_local", "_params", "client")
 
     def __init__(
         self,
@@ -116,24 +135,72 @@ class RedisStore(_RedisBase):
         self.client: redis.Redis = redis_mod.Redis.from_url(
             url, **_client_kwargs(socket_timeout, connect_timeout, redis_kwargs)
         )
+        self._params: dict[Algorithm, tuple[str, str, str]] = {}
+        self._local = threading.local()
+        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._conns_lock = threading.Lock()
+
+    def _connection(self) -> Any:
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self.client.connection_pool
+            conn = pool.connection_class(**pool.connection_kwargs)
+            local.conn, local.pid = conn, os.getpid()
+            with self._conns_lock:
+                self._conns.add(conn)
+        return conn
 
     def run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
         source, sha = load_script(name)
+        conn = self._connection()
         try:
+            conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
             try:
-                return self.client.evalsha(sha, len(keys), *keys, *args)
+                return conn.read_response()
             except Exception as exc:
                 if not _is_noscript(exc):
                     raise
-                return self.client.eval(source, len(keys), *keys, *args)
+            conn.send_command("EVAL", source, len(keys), *keys, *args)
+            return conn.read_response()
         except Exception as exc:
+            if not _is_reply_error(exc):
+                conn.disconnect()  # the stream may be mid-reply: start clean next time
             raise _store_error(exc) from exc
 
     def decide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """Decide several limits at once, all or nothing, in one round trip."""
         keys, args = _lua.encode(self, requests)
         return _lua.decode(requests, self.run_script(_lua.LIMIT_SCRIPT, keys, args))
+
+    def decide_one(
+        self, algorithm: Algorithm, name: str, key: str, cost: float, lease: str = ""
+    ) -> Decision:
+        """Decide one limit (the hot path of ``RateLimiter.hit``): one EVALSHA."""
+        params = self._params.get(algorithm)
+        if params is None:
+            first, second = algorithm.params()
+            params = self._params[algorithm] = (algorithm.kind, repr(first), repr(second))
+        skey = f"{self.prefix}{{{name}:{key}}}"
+        reply = self.run_script(
+            _lua.LIMIT_SCRIPT, (skey, skey + ":aux"), ("hit", 1, 1, *params, repr(cost), lease)
+        )
+        retry = reply[4]
+        return _new(
+            Decision,
+            (
+                reply[1] == 1,
+                algorithm.limit,
+                reply[2] / 1e6,
+                reply[3] / 1e6,
+                math.inf if retry < 0 else retry / 1e6,
+                name,
+                algorithm.window,
+                (lease or None) if reply[0] == 1 and cost > 0 else None,
+                (),
+            ),
+        )
 
     def release(self, request: LimitRequest) -> None:
         """Give back a concurrency lease (no-op when it has expired already)."""
@@ -146,8 +213,12 @@ class RedisStore(_RedisBase):
         return int(self.run_script(_lua.LIMIT_SCRIPT, keys, args)) == 1
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the per-thread connections and the connection pool."""
         try:
+            with self._conns_lock:
+                conns, self._conns = list(self._conns), weakref.WeakSet()
+            for conn in conns:
+                conn.disconnect()
             self.client.close()
         except Exception as exc:
             raise _store_error(exc) from exc
@@ -167,7 +238,7 @@ class RedisStore(_RedisBase):
 class AsyncRedisStore(_RedisBase):
     """Shared state in Redis for asyncio callers; same contract as :class:`RedisStore`."""
 
-    __slots__ = ("client",)
+    __slots__ = ("_pending", "_tasks", "client", "max_batch")
 
     def __init__(
         self,
@@ -187,6 +258,9 @@ class AsyncRedisStore(_RedisBase):
         kwargs["retry"] = retry_mod.Retry(backoff_mod.NoBackoff(), 0)
         kwargs.update(redis_kwargs)
         self.client: redis.asyncio.Redis = aredis.Redis.from_url(url, **kwargs)
+        self.max_batch = 128
+        self._pending: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
@@ -202,9 +276,47 @@ class AsyncRedisStore(_RedisBase):
             raise _store_error(exc) from exc
 
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
-        """Decide several limits at once, all or nothing, in one round trip."""
-        keys, args = _lua.encode(self, requests)
-        return _lua.decode(requests, await self.run_script(_lua.LIMIT_SCRIPT, keys, args))
+        """Decide several limits at once, all or nothing, in (at most) one round trip.
+
+        Calls made in the same event-loop tick are sent together as one EVALSHA.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Decision]] = loop.create_future()
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = []
+            loop.call_soon(self._flush, loop)
+        pending.append((requests, future))
+        return await future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch = self._pending.pop(loop, [])
+        for start in range(0, len(batch), self.max_batch):
+            task = loop.create_task(self._send(batch[start : start + self.max_batch]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(
+        self, batch: list[tuple[Sequence[LimitRequest], asyncio.Future[list[Decision]]]]
+    ) -> None:
+        groups = [requests for requests, _ in batch]
+        try:
+            keys, args = _lua.encode_batch(self, groups)
+            results = _lua.decode_batch(
+                groups, await self.run_script(_lua.LIMIT_SCRIPT, keys, args)
+            )
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    error = StoreError(str(exc)) if isinstance(exc, Exception) else exc
+                    error.__cause__ = exc
+                    future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), decisions in zip(batch, results):
+            if not future.done():
+                future.set_result(decisions)
 
     async def arelease(self, request: LimitRequest) -> None:
         """Give back a concurrency lease (no-op when it has expired already)."""
