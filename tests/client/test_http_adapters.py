@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 import requests
+from http_support import ScriptedServer, Step
 
-from conftest import ScriptedServer, Step
 from stormguard import Constant, FullJitter, RetryPolicy, RetryRecord
 from stormguard.httpx import RetryTransport
 from stormguard.requests import RetryAdapter
