@@ -395,3 +395,18 @@ def test_garbage_gets_400(stormguard_mock: Factory) -> None:
         sock.sendall(b"NOT HTTP\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
     assert mock.journal() == []
+
+
+def test_client_timeout_during_a_delay_is_journaled(stormguard_mock: Factory) -> None:
+    """A client that times out during a slow answer leaves a charged, unanswered entry."""
+    mock = stormguard_mock(one_route(resource="payments", delay=1.0))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(mock.url + "/x", json={"a": 1}, timeout=0.2)
+    for _ in range(100):
+        (entry,) = mock.journal()
+        if entry["end"] is not None:
+            break
+        time.sleep(0.02)
+    assert (entry["status"], entry["outcome"]) == (None, "client-gone")
+    assert entry["end"] - entry["time"] < 0.9
+    assert mock.ledger() == {"payments": {"request-1": 1}}

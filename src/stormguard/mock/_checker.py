@@ -50,7 +50,15 @@ _RETRYABLE_4XX = frozenset({408, 425, 429})
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 _UNSAFE_METHODS = frozenset({"POST", "PATCH"})
 _FAULTS = frozenset(
-    {"reset", "empty", "malformed-chunked", "hang", "commit-then-reset", "commit-then-504"}
+    {
+        "reset",
+        "empty",
+        "malformed-chunked",
+        "hang",
+        "commit-then-reset",
+        "commit-then-504",
+        "client-gone",
+    }
 )
 
 

@@ -229,6 +229,13 @@ class Planner:
             entry["retry_after"] = _retry_after(plan.headers, now)
             return plan
 
+    def client_gone(self, plan: Plan) -> None:
+        """The client closed the connection before the answer was sent."""
+        with self.state.lock:
+            plan.entry["outcome"] = "client-gone"
+            plan.entry["status"] = None
+            plan.entry["retry_after"] = None
+
     def finish(self, plan: Plan) -> None:
         """The answer is complete (or the connection is gone): close the entry."""
         with self.state.lock:

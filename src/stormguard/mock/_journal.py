@@ -28,7 +28,8 @@ __all__ = ["IdempotencyRecord", "MockState", "operation_of"]
 #   status          status code sent, or None when no response was sent
 #   outcome         ok | error | replayed | conflict | mismatch | rate-limited |
 #                   no-route | reset | empty | malformed-chunked | hang |
-#                   commit-then-reset | commit-then-504
+#                   commit-then-reset | commit-then-504 | client-gone (the client
+#                   closed the connection during the delay, before any answer)
 #   retry_after     seconds of the Retry-After header sent, else None
 #   resource        the route's resource or None
 #   side_effect     ledger id of the side effect this request created, else None

@@ -274,8 +274,12 @@ class MockServer:
         writer: asyncio.StreamWriter,
         plan: Plan,
     ) -> bool:
-        if plan.delay > 0:
-            await asyncio.sleep(plan.delay)
+        if plan.delay > 0 and await _client_left_during(conn, reader, plan.delay):
+            # The client gave up (its timeout) before the answer: nothing is sent.
+            # A side effect already decided stays: "processed, answer lost".
+            self._planner.client_gone(plan)
+            _abort(writer)
+            return False
         action = plan.action
         if action in ("reset", "commit-then-reset"):
             _reset(writer)
@@ -343,6 +347,27 @@ async def _read_request(
             return head, b"".join(chunks)
         elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
             return None
+
+
+async def _client_left_during(
+    conn: h11.Connection, reader: asyncio.StreamReader, seconds: float
+) -> bool:
+    # Wait `seconds`, watching the socket: True as soon as the client closes it.
+    # Bytes that arrive meanwhile (a pipelined request) are handed to h11, which
+    # keeps them for the next cycle.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (remaining := deadline - loop.time()) > 0:
+        try:
+            data = await asyncio.wait_for(reader.read(65536), remaining)
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            return True
+        if not data:
+            return True
+        conn.receive_data(data)
+    return False
 
 
 async def _send(
