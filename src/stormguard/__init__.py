@@ -29,6 +29,7 @@ from .core._backoff import (
     FullJitter,
     NoBackoff,
 )
+from .core._body_hints import wait_hint_from_body
 from .core._headers import Quota, parse_rate_limits, parse_retry_after, wait_hint
 from .core._limiters import (
     GCRA,
@@ -84,4 +85,5 @@ __all__ = [
     "parse_retry_after",
     "retry",
     "wait_hint",
+    "wait_hint_from_body",
 ]

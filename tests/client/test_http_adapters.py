@@ -350,3 +350,13 @@ def test_hostile_headers_never_crash_or_oversleep(
     assert result.status in (200, 503)
     assert sum(clock.sleeps) < 30
     assert all(wait >= 0 for wait in clock.sleeps)
+
+
+def test_wait_hint_from_a_429_body(server: ScriptedServer, send: Sender) -> None:
+    """Without headers, a Discord-style JSON body sets the wait."""
+    body = b'{"message": "You are being rate limited.", "retry_after": 0.75}'
+    server.script(Step(429, {"Content-Type": "application/json"}, body=body), Step(200))
+    clock = FakeClock()
+    result = send(server.url, policy=FAST, clock=clock)
+    assert result.status == 200
+    assert clock.sleeps == [0.75] and result.records[0].hint_used

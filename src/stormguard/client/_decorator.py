@@ -14,10 +14,12 @@ from typing import Any, ParamSpec, TypeVar, overload
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen, ConfigError, RetryError
 from ..core._backoff import Backoff
+from ..core._body_hints import wait_hint_from_body
 from ..core._headers import wait_hint
 from ..core._outcome import DEFAULT_RETRY_STATUSES, Verdict, classify_status
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy
 from ._driver import RetryCall, RetryHook, record_permit
+from ._http import BODY_HINT_STATUSES
 
 __all__ = ["retry"]
 
@@ -100,8 +102,13 @@ def _exception_hint(exc: BaseException, clock: Clock) -> float | None:
     headers = getattr(response, "headers", None)
     if isinstance(status, int) and headers is not None:
         try:
-            return wait_hint(status, headers.items(), now=clock.time())
-        except Exception:  # a hostile header object must not break retrying
+            hint = wait_hint(status, headers.items(), now=clock.time())
+            if hint is None and status in BODY_HINT_STATUSES:
+                body = getattr(response, "content", None)  # only bodies already read
+                if isinstance(body, bytes | str):
+                    hint = wait_hint_from_body(body, headers.get("content-type"))
+            return hint
+        except Exception:  # a hostile response object must not break retrying
             return None
     return None
 

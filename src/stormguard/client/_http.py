@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
+from ..core._body_hints import MAX_BODY, wait_hint_from_body
 from ..core._headers import wait_hint
 from ..core._outcome import (
     Failure,
@@ -17,7 +18,9 @@ from ..core._outcome import (
 from ..core._policy import RetryFailure, RetryPolicy
 
 __all__ = [
+    "BODY_HINT_STATUSES",
     "IDEMPOTENCY_KEY",
+    "body_worth_reading",
     "KEYED_METHODS",
     "describe",
     "error_failure",
@@ -47,6 +50,20 @@ def describe(method: str, url: str) -> str:
         return method
 
 
+# Statuses whose body may say how long to wait when the headers do not.
+BODY_HINT_STATUSES = frozenset({429, 503})
+
+
+def body_worth_reading(status: int, content_length: str | None) -> bool:
+    """Whether a failed response's body is small enough to look for a wait hint in it."""
+    if status not in BODY_HINT_STATUSES or content_length is None:
+        return False
+    try:
+        return 0 < int(content_length) <= MAX_BODY
+    except ValueError:
+        return False
+
+
 def response_failure(
     policy: RetryPolicy,
     status: int,
@@ -55,8 +72,14 @@ def response_failure(
     method: str,
     has_key: bool,
     wall_now: float,
+    body: bytes | None = None,
+    content_type: str | None = None,
 ) -> RetryFailure | None:
-    """``None`` when the response ends the call as it is (success or a final status)."""
+    """``None`` when the response ends the call as it is (success or a final status).
+
+    The wait hint comes from the headers; failing that, from ``body`` when given
+    (Discord-style ``{"retry_after": 1.5}``, "try again in 20s").
+    """
     verdict = classify_status(
         status, method, has_idempotency_key=has_key, retry_statuses=policy.retry_statuses
     )
@@ -65,6 +88,8 @@ def response_failure(
     if status not in policy.retry_statuses:
         return None  # a final answer such as 400 or 404 is returned as it is
     hint = wait_hint(status, headers, now=wall_now)
+    if hint is None and body:
+        hint = wait_hint_from_body(body, content_type)
     return RetryFailure(verdict is Verdict.RETRY, f"status {status}", hint)
 
 

@@ -4,6 +4,7 @@
 # `await`; every decision is made by RetryCall and the shared HTTP helpers.
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from ._driver import RetryCall, RetryHook, record_permit
 from ._http import (
     IDEMPOTENCY_KEY,
     KEYED_METHODS,
+    body_worth_reading,
     describe,
     error_failure,
     new_idempotency_key,
@@ -44,6 +46,13 @@ def _failure_kind(exc: Exception) -> Failure:
     if isinstance(exc, _MAYBE_PROCESSED):
         return Failure.MAYBE_PROCESSED
     return Failure.FINAL
+
+
+def _body_if_read(response: httpx.Response) -> bytes | None:
+    try:
+        return response.content
+    except httpx.ResponseNotRead:
+        return None
 
 
 class _Attempt:
@@ -81,6 +90,10 @@ class _Attempt:
                 for name, value in timeouts.items()
             }
 
+    def wants_body(self, response: httpx.Response) -> bool:
+        """A small 429/503 body may carry the wait hint; read it before judging."""
+        return body_worth_reading(response.status_code, response.headers.get("content-length"))
+
     def on_response(self, response: httpx.Response) -> RetryFailure | None:
         failure = response_failure(
             self.call.policy,
@@ -89,6 +102,8 @@ class _Attempt:
             method=self.method,
             has_key=self.has_key,
             wall_now=self.call.clock.time(),
+            body=_body_if_read(response),
+            content_type=response.headers.get("content-type"),
         )
         if failure is not None and not self.replayable:
             return RetryFailure(False, failure.reason + " (one-shot body)", failure.hint)
@@ -190,6 +205,9 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 wait = _next_wait(attempt, failure, exc)
                 assert wait is not None  # _next_wait raises exc instead of None
             else:
+                if attempt.wants_body(response):
+                    with contextlib.suppress(httpx.HTTPError):
+                        response.read()
                 failure = attempt.on_response(response)
                 record_permit(permit, failure=response.status_code >= 500)
                 wait = _next_wait(attempt, failure, None)
@@ -212,6 +230,9 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 wait = _next_wait(attempt, failure, exc)
                 assert wait is not None  # _next_wait raises exc instead of None
             else:
+                if attempt.wants_body(response):
+                    with contextlib.suppress(httpx.HTTPError):
+                        await response.aread()
                 failure = attempt.on_response(response)
                 record_permit(permit, failure=response.status_code >= 500)
                 wait = _next_wait(attempt, failure, None)

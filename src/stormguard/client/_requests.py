@@ -22,6 +22,7 @@ from ._driver import RetryCall, RetryHook, record_permit
 from ._http import (
     IDEMPOTENCY_KEY,
     KEYED_METHODS,
+    body_worth_reading,
     describe,
     error_failure,
     new_idempotency_key,
@@ -128,6 +129,9 @@ class RetryAdapter(HTTPAdapter):
                     raise
             else:
                 record_permit(permit, failure=response.status_code >= 500)
+                small = body_worth_reading(
+                    response.status_code, response.headers.get("content-length")
+                )
                 maybe = response_failure(
                     self.policy,
                     response.status_code,
@@ -135,6 +139,8 @@ class RetryAdapter(HTTPAdapter):
                     method=method,
                     has_key=has_key,
                     wall_now=self.clock.time(),
+                    body=response.content if small else None,
+                    content_type=response.headers.get("content-type"),
                 )
                 if maybe is None or not replayable:
                     return response
