@@ -57,3 +57,21 @@ def test_unknown_server_is_rejected() -> None:
     """A server model outside outage|capacity|collapse is a ValueError."""
     with pytest.raises(ValueError, match="collapse"):
         _storm.StormConfig(server="meltdown")
+
+
+def test_capacity_server_sheds_what_the_token_bucket_refuses() -> None:
+    """Without retries, over capacity C for D seconds about C*D + burst attempts succeed."""
+    config = _storm.StormConfig(
+        rps=1000.0, outage=0.0, duration=5.0, retries=0, server="capacity", capacity=600.0
+    )
+    result = _result("immediate", config)
+    served = result.requests - result.failed
+    # Tokens refill from the first arrival to the last; a partial token and the
+    # gaps at both ends (a few ms at 600 tokens/s) go unused.
+    assert 600.0 * 5.0 + 60.0 - 10 <= served <= 600.0 * 5.0 + 60.0
+
+
+def test_capacity_above_load_fails_nothing() -> None:
+    """Below its capacity the capacity server behaves like a healthy one."""
+    config = _storm.StormConfig(rps=500.0, outage=0.0, duration=3.0, server="capacity")
+    assert _result("immediate", config).failed == 0

@@ -15,10 +15,13 @@
 #                   recorded, every retry asks try_retry() first and the request
 #                   gives up when refused.
 #
-# Server models (`capacity` defaults to 1.5 x rps, counted in 0.1 s slots):
+# Server models (`capacity` defaults to 1.5 x rps):
 #     outage    fails only during the outage.
-#     capacity  also fails the attempts of a slot beyond capacity * 0.1.
-#     collapse  like capacity, but goodput collapses under overload: a slot serves
+#     capacity  also sheds what exceeds its capacity, decided by the library's
+#               own limiter, TokenBucket(rate=capacity, burst=capacity * 0.1),
+#               as a gateway in front of it would.
+#     collapse  capacity counted in 0.1 s slots, and goodput collapses under
+#               overload: a slot serves
 #               capacity * 0.1 * max(0, 2 - load_prev / (capacity * 0.1)) attempts,
 #               load_prev being the attempts of the slot before (the server
 #               thrashes; at twice its capacity it serves nothing). A retry storm
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 
 from ..core._backoff import Backoff, Exponential, FullJitter, NoBackoff
 from ..core._budget import RetryBudgetCore
+from ..core._limiters import TokenBucket
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
 from ._engine import py_rng
 
@@ -122,6 +126,11 @@ class _Server:
         self.load = 0  # attempts in the current slot
         self.served = 0  # successes in the current slot
         self.allowed = self.per_slot
+        capacity = config.server_capacity
+        self.bucket = (
+            TokenBucket(rate=capacity, burst=capacity * SLOT) if self.kind == "capacity" else None
+        )
+        self.tokens: object = None  # the bucket's state; None is a full bucket
 
     def decide(self, now: float) -> bool:
         slot = int(now / SLOT)
@@ -135,6 +144,9 @@ class _Server:
         self.load += 1
         if self.start <= now < self.end:
             return False
+        if self.bucket is not None:
+            self.tokens, allowed, *_ = self.bucket.advance(self.tokens, now, 1.0)
+            return bool(allowed)
         if self.kind == "outage" or self.served < self.allowed:
             self.served += 1
             return True
