@@ -52,5 +52,6 @@ def test_cli_serves_the_example_and_writes_the_journal(tmp_path: Path) -> None:
         _, stderr = process.communicate(timeout=10)
     assert process.returncode == 0, stderr
     assert "serving flaky payments API on http://127.0.0.1:" in stderr
+    assert "POST /v1/payments client=127.0.0.1 key=k1 -> no answer (commit-then-reset)" in stderr
     (entry,) = json.loads(journal_out.read_text())
     assert entry["outcome"] == "commit-then-reset"

@@ -9,6 +9,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from .._errors import MissingExtra, ScenarioError
 
@@ -23,12 +24,29 @@ __all__ = ["mock_group"]
 
 
 def _serve(
-    scenario: Path, host: str, port: int, seed: int | None, journal_out: Path | None
+    scenario: Path,
+    host: str,
+    port: int,
+    seed: int | None,
+    journal_out: Path | None,
+    quiet: bool,
 ) -> None:
     from ._server import MockServer
 
+    def log(entry: dict[str, Any]) -> None:
+        key = entry["idempotency_key"]
+        answer = entry["status"] if entry["status"] is not None else "no answer"
+        effect = f" [{entry['resource']}: {entry['side_effect']}]" if entry["side_effect"] else ""
+        click.echo(
+            f"{entry['method']} {entry['path']} client={entry['client']}"
+            f"{f' key={key}' if key else ''} -> {answer} ({entry['outcome']}){effect}",
+            err=True,
+        )
+
     try:
-        server = MockServer(scenario, host=host, port=port, seed=seed)
+        server = MockServer(
+            scenario, host=host, port=port, seed=seed, on_request=None if quiet else log
+        )
     except ScenarioError as exc:
         raise click.ClickException(f"invalid scenario:\n{exc}") from exc
     try:
@@ -76,6 +94,7 @@ _scenario_option = click.option(
 _host_option = click.option("--host", default="127.0.0.1", show_default=True)
 _port_option = click.option("--port", "-p", default=8000, show_default=True, type=int)
 _seed_option = click.option("--seed", type=int, help="Override the scenario's RNG seed.")
+_quiet_option = click.option("--quiet", "-q", is_flag=True, help="Do not log each request.")
 _journal_option = click.option(
     "--journal-out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -93,6 +112,7 @@ _journal_option = click.option(
 @_port_option
 @_seed_option
 @_journal_option
+@_quiet_option
 @click.pass_context
 def mock_group(
     ctx: click.Context,
@@ -101,6 +121,7 @@ def mock_group(
     port: int,
     seed: int | None,
     journal_out: Path | None,
+    quiet: bool,
 ) -> None:
     """Fault-injection mock server and retry-contract checker.
 
@@ -113,7 +134,7 @@ def mock_group(
     if scenario is None:  # `stormguard mock` alone: show the usage
         click.echo(ctx.get_help())
         ctx.exit(2)
-    _serve(scenario, host, port, seed, journal_out)
+    _serve(scenario, host, port, seed, journal_out, quiet)
 
 
 @mock_group.command("serve")
@@ -128,11 +149,17 @@ def mock_group(
 @_port_option
 @_seed_option
 @_journal_option
+@_quiet_option
 def serve_command(
-    scenario: Path, host: str, port: int, seed: int | None, journal_out: Path | None
+    scenario: Path,
+    host: str,
+    port: int,
+    seed: int | None,
+    journal_out: Path | None,
+    quiet: bool,
 ) -> None:
     """Serve a scenario until Ctrl-C (same as `stormguard mock --scenario FILE`)."""
-    _serve(scenario, host, port, seed, journal_out)
+    _serve(scenario, host, port, seed, journal_out, quiet)
 
 
 @mock_group.command("verify")

@@ -54,6 +54,8 @@ class MockServer:
     ``scenario`` is a :class:`Scenario`, a dict, or a path to a YAML/TOML file.
     ``port=0`` picks a free port; ``.url`` is the base URL once started.
     ``seed`` overrides the scenario's seed for probabilities and delays.
+    ``on_request`` is called (on the server's thread) with a copy of each journal
+    entry once its answer is complete.
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class MockServer:
         host: str = "127.0.0.1",
         port: int = 0,
         seed: int | None = None,
+        on_request: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.scenario = _coerce(scenario)
+        self.on_request = on_request
         self.host = host
         self.port = port
         self._state = MockState()
@@ -266,6 +270,11 @@ class MockServer:
             return await self._play(conn, reader, writer, plan)
         finally:
             self._planner.finish(plan)
+            if self.on_request is not None:
+                try:
+                    self.on_request(dict(plan.entry))
+                except Exception:
+                    logger.exception("stormguard mock: on_request hook failed")
 
     async def _play(
         self,
