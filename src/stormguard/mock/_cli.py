@@ -91,8 +91,12 @@ _scenario_option = click.option(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Scenario file (.yaml/.yml or .toml).",
 )
-_host_option = click.option("--host", default="127.0.0.1", show_default=True)
-_port_option = click.option("--port", "-p", default=8000, show_default=True, type=int)
+_host_option = click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on."
+)
+_port_option = click.option(
+    "--port", "-p", default=8000, show_default=True, type=click.IntRange(0, 65535)
+)
 _seed_option = click.option("--seed", type=int, help="Override the scenario's RNG seed.")
 _quiet_option = click.option("--quiet", "-q", is_flag=True, help="Do not log each request.")
 _journal_option = click.option(

@@ -273,13 +273,26 @@ def _alert(count: int) -> str:
 
 
 @click.command(name="demo")
-@click.option("--payments", default=300, show_default=True, help="Payments in the workload.")
-@click.option("--clients", default=30, show_default=True, help="Concurrent clients.")
+@click.option(
+    "--payments",
+    default=300,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Payments in the workload.",
+)
+@click.option(
+    "--clients",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Concurrent clients.",
+)
 @click.option("--seed", default=7, show_default=True, help="Seed of the mock's faults.")
 @click.option(
     "--rate-limit",
     default=150,
     show_default=True,
+    type=click.IntRange(1, 10**9),
     help="The API's global limit, requests per second.",
 )
 def demo_command(payments: int, clients: int, seed: int, rate_limit: int) -> None:
