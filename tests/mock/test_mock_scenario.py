@@ -189,3 +189,10 @@ def test_scenario_error_is_a_value_error() -> None:
     """ScenarioError is part of stormguard's tree and also a ValueError."""
     with pytest.raises(ValueError):
         parse_scenario({"routes": []})
+
+
+def test_toml_example_equals_the_yaml_example() -> None:
+    """examples/payments.toml describes the same scenario as examples/payments.yaml."""
+    toml = load_scenario(EXAMPLES / "payments.toml")
+    yaml = load_scenario(EXAMPLES / "payments.yaml")
+    assert toml == yaml
