@@ -527,3 +527,29 @@ async def test_stress_1000_tasks_counts_add_up() -> None:
         await asyncio.gather(*(worker(i) for i in range(1000)))
     assert totals["ok"] + totals["failed"] + totals["refused"] == 20_000
     assert totals["ran"] == totals["ok"] + totals["failed"]
+
+
+def test_lock_free_successes_are_all_counted(clock: FakeClock, rng: random.Random) -> None:
+    """Successes batched without the lock still count: 300 ok then 300 failures to open."""
+    breaker = CircuitBreaker(min_calls=10, failure_rate=0.5, clock=clock, rng=rng)
+    for _ in range(300):
+        breaker.call(lambda: None)
+    for _ in range(299):
+        with pytest.raises(Boom):
+            breaker.call(boom)
+    assert breaker.state == "closed"
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    assert breaker.state == "open"
+
+
+def test_permit_successes_are_counted_too(clock: FakeClock, rng: random.Random) -> None:
+    """acquire()/record() successes take the same batched path and count."""
+    breaker = CircuitBreaker(min_calls=4, failure_rate=0.5, clock=clock, rng=rng)
+    for _ in range(3):
+        breaker.acquire().record(failure=False)
+    for _ in range(2):
+        breaker.acquire().record(failure=True)
+    assert breaker.state == "closed"  # 2 of 5
+    breaker.acquire().record(failure=True)
+    assert breaker.state == "open"  # 3 of 6

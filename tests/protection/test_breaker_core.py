@@ -264,3 +264,25 @@ def test_config_accepts_timedelta() -> None:
     cfg = BreakerConfig(open_for=timedelta(seconds=2), window=timedelta(minutes=1))  # type: ignore[arg-type]
     assert cfg.open_for == 2.0
     assert cfg.window == 60.0
+
+
+def test_quiet_until_and_batched_successes(rng: random.Random) -> None:
+    """quiet_until ends at the bucket end or at the first failure; add_successes counts."""
+    core = BreakerCore(window=10.0, buckets=10, min_calls=4)
+    assert core.quiet_until == float("-inf")
+    succeed_n(core, 0.5, 1, rng)
+    assert core.quiet_until == pytest.approx(1.0)
+    core.add_successes(5)
+    assert core.window_counts(0.5) == (6, 0)
+    fail_n(core, 0.6, 1, rng)
+    assert core.quiet_until == float("-inf")
+    assert core.window_counts(11.5) == (0, 0)
+    assert core.quiet_until == pytest.approx(12.0)
+
+
+def test_add_successes_ignored_unless_closed(rng: random.Random) -> None:
+    """Batched successes that arrive after a trip change nothing."""
+    core = BreakerCore(min_calls=1, jitter=0.0)
+    fail_n(core, 0.0, 1, rng)
+    core.add_successes(100)
+    assert core.state(0.0) == "open"

@@ -189,6 +189,7 @@ class BreakerCore:
         "closed_admission",
         "config",
         "generation",
+        "quiet_until",
         "reopens",
     )
 
@@ -265,6 +266,17 @@ class BreakerCore:
         self._j = 0  # its slot in the ring
         self._bucket_end = -math.inf  # when the newest bucket ends (count window: never)
         self._pos = 0  # count window: next slot in the ring
+        self.quiet_until = -math.inf
+
+    def _quiet(self) -> None:
+        # `quiet_until`: until then, a success of the current closed admission needs
+        # no decision, only counting in the newest bucket: closed, no failure in
+        # the window (so a success cannot trip it), time window. The runtime reads
+        # it without a lock to batch successes (see add_successes).
+        if self._state == CLOSED and not self._fails_total and self._inv_width:
+            self.quiet_until = self._bucket_end
+        else:
+            self.quiet_until = -math.inf
 
     # -- transitions ---------------------------------------------------------------
 
@@ -297,6 +309,7 @@ class BreakerCore:
         # One attribute, replaced atomically: a lock-free reader that sees an
         # Admission saw a closed breaker at that instant.
         self.closed_admission = self._admit_closed if target == CLOSED else None
+        self._quiet()
 
     def _advance(self, now: float) -> None:
         # Transitions that happen by the passage of time alone.
@@ -341,10 +354,9 @@ class BreakerCore:
     def outcome(self, now: float, admission: Admission, failure: bool, duration: float) -> None:
         """:meth:`record` with positional arguments (the runtime's hot path)."""
         if (
-            admission is self.closed_admission
+            now < self.quiet_until
             and not failure
-            and not self._fails_total  # a success cannot trip a window without failures
-            and now < self._bucket_end
+            and admission is self.closed_admission
             and (self._slow is None or duration < self._slow)
         ):
             # Closed, current generation, same bucket: one counter each.
@@ -411,7 +423,18 @@ class BreakerCore:
             self._idx = idx
             self._j = idx % n
             self._bucket_end = (idx + 1) / self._inv_width
+            self._quiet()
         # else: same bucket, or the clock went backwards: the newest bucket counts it
+
+    def add_successes(self, count: int) -> None:
+        """Count ``count`` successes in the newest bucket, if still closed and quiet.
+
+        The runtime's batched fast path: successes observed before ``quiet_until``
+        with the current closed admission, counted later under its lock.
+        """
+        if self._state == CLOSED and self._inv_width:
+            self._calls[self._j] += count
+            self._calls_total += count
 
     def _count(self, now: float, failure: bool) -> None:
         if self._inv_width:
@@ -423,6 +446,7 @@ class BreakerCore:
             if failure:
                 self._fails[j] += 1
                 self._fails_total += 1
+                self.quiet_until = -math.inf
         else:
             ring = self._fail_ring
             pos = self._pos

@@ -70,6 +70,7 @@ def config_error(exc: ValueError) -> ConfigError:
 
 
 _RNG = random.Random()
+_BATCH = 256  # lock-free successes counted in one go
 _CM_PERMITS: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
     "stormguard_breaker_permits", default=()
 )
@@ -171,6 +172,7 @@ class CircuitBreaker:
         "_listeners",
         "_lock",
         "_monotonic",
+        "_pending",
         "_rng",
         "_shared",
         "_slow",
@@ -220,6 +222,7 @@ class CircuitBreaker:
         self._config = config
         self._core = BreakerCore.from_config(config)
         self._lock = threading.Lock()
+        self._pending: list[int] = []
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._monotonic: Callable[[], float] = (
             time.monotonic if self._clock is SYSTEM_CLOCK else self._clock.monotonic
@@ -291,6 +294,8 @@ class CircuitBreaker:
         core, lock = self._core, self._lock
         lock.acquire()
         try:
+            if self._pending:
+                self._drain()
             admission = core.try_acquire(now, self._rng)
             changed = core.generation != self._last_gen
         finally:
@@ -344,18 +349,26 @@ class CircuitBreaker:
             else:
                 self._observe_remote(_text(reply[0]), int(reply[1]))
             return
-        core, lock = self._core, self._lock
-        lock.acquire()
-        try:
-            if outcome == "release":
-                core.release(now, permit._admission)
-            else:
-                core.outcome(now, permit._admission, failure, now - permit.started)
-            changed = core.generation != self._last_gen
-        finally:
-            lock.release()
-        if changed:
-            self._note_local_change()
+        admission = permit._admission
+        if outcome == "release":
+            with self._lock:
+                self._drain()
+                self._core.release(now, admission)
+            return
+        core = self._core
+        if (
+            not failure
+            and now < core.quiet_until
+            and admission is core.closed_admission
+            and (self._slow is None or now - permit.started < self._slow)
+        ):
+            pending = self._pending  # the lock-free success path, as in call()
+            pending.append(1)
+            if len(pending) >= _BATCH:
+                with self._lock:
+                    self._drain()
+            return
+        self._outcome(admission, permit.started, failure, now)
 
     async def _arecord(self, permit: Permit, failure: bool, outcome: str) -> None:
         if not permit._remote:
@@ -384,38 +397,59 @@ class CircuitBreaker:
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` if the breaker admits it; raises CircuitOpen."""
-        admission = self._core.closed_admission if self._shared is None else None
+        core = self._core
+        admission = core.closed_admission if self._shared is None else None
         if admission is None:
             return self._call_permit(fn, *args, **kwargs)
-        # Fast path, local and closed: admission is one atomic read (no lock); the
-        # outcome takes the lock once, for the O(1) window update.
+        # Fast path, local and closed: admission is one atomic read (no lock).
         started = self._monotonic() if self._slow is not None else 0.0
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            self._fast_outcome(admission, started, self._is_failure(exc))
+            self._outcome(admission, started, self._is_failure(exc))
             raise
         if type(result) is CoroutineType:
             result.close()  # type: ignore[attr-defined]
             raise _coroutine_error(fn)
         now = self._monotonic()
-        core = self._core
-        lock = self._lock
+        if (
+            now < core.quiet_until
+            and admission is core.closed_admission
+            and (self._slow is None or now - started < self._slow)
+        ):
+            # A success that cannot change the state: queue it without the lock
+            # (list.append is atomic); the next locked operation counts the batch.
+            pending = self._pending
+            pending.append(1)
+            if len(pending) >= _BATCH:
+                with self._lock:
+                    self._drain()
+            return result
+        self._outcome(admission, started, False, now)
+        return result
+
+    def _drain(self) -> None:
+        # Lock held: count the successes queued by the lock-free fast path.
+        pending = self._pending
+        if pending:
+            count = len(pending)
+            del pending[:count]
+            self._core.add_successes(count)
+
+    def _outcome(
+        self, admission: Admission, started: float, failure: bool, now: float | None = None
+    ) -> None:
+        if now is None:
+            now = self._monotonic()
+        core, lock = self._core, self._lock
         lock.acquire()  # (explicit: half the cost of `with` on CPython 3.11)
         try:
-            core.outcome(now, admission, False, now - started)
+            if self._pending:
+                self._drain()
+            core.outcome(now, admission, failure, now - started)
             changed = core.generation != self._last_gen
         finally:
             lock.release()
-        if changed:
-            self._note_local_change()
-        return result
-
-    def _fast_outcome(self, admission: Admission, started: float, failure: bool) -> None:
-        now = self._monotonic()
-        with self._lock:
-            self._core.outcome(now, admission, failure, now - started)
-            changed = self._core.generation != self._last_gen
         if changed:
             self._note_local_change()
 
@@ -563,6 +597,7 @@ class CircuitBreaker:
         """The state of this process's own core (what it decides by when degraded)."""
         now = self._clock.monotonic()
         with self._lock:
+            self._drain()
             state = self._core.state(now)
             changed = self._core.generation != self._last_gen
         if changed:
@@ -617,6 +652,7 @@ class CircuitBreaker:
     def _admin_local(self, local: Callable[[float], None]) -> None:
         now = self._clock.monotonic()
         with self._lock:
+            self._drain()
             local(now)
         self._note_local_change()
 
