@@ -10,15 +10,18 @@ Needs the ``mock`` extra (``pip install 'stormguard[mock]'``): h11 (via httpx) f
 the server, PyYAML for YAML scenarios.
 """
 
+# The names resolve on first use, so that importing this package (as the pytest
+# plugin entry point does in every pytest run) never fails without the extra; the
+# first use of the server then says which extra to install.
 from __future__ import annotations
 
-from .._extras import require
+import importlib
+from typing import TYPE_CHECKING, Any
 
-require("h11", "mock")
-
-from ._checker import Checker, Operation, Report, Violation, check_journal  # noqa: E402
-from ._scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
-from ._server import MockServer  # noqa: E402
+if TYPE_CHECKING:
+    from ._checker import Checker, Operation, Report, Violation, check_journal
+    from ._scenario import Scenario, load_scenario, parse_scenario
+    from ._server import MockServer
 
 __all__ = [
     "Checker",
@@ -31,3 +34,32 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
 ]
+
+_WHERE = {
+    "Checker": "_checker",
+    "MockServer": "_server",
+    "Operation": "_checker",
+    "Report": "_checker",
+    "Scenario": "_scenario",
+    "Violation": "_checker",
+    "check_journal": "_checker",
+    "load_scenario": "_scenario",
+    "parse_scenario": "_scenario",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stormguard.mock' has no attribute {name!r}")
+    if module == "_server":
+        from .._extras import require
+
+        require("h11", "mock")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -31,6 +31,12 @@ def _serve(
     journal_out: Path | None,
     quiet: bool,
 ) -> None:
+    from .._extras import require
+
+    try:
+        require("h11", "mock")
+    except MissingExtra as exc:
+        raise click.ClickException(str(exc)) from exc
     from ._server import MockServer
 
     def log(entry: dict[str, Any]) -> None:
