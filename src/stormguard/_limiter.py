@@ -110,6 +110,7 @@ class _LimiterBase:
         "_health",
         "_leases",
         "_memory",
+        "_memory_hit",
         "algorithm",
         "clock",
         "instances",
@@ -151,6 +152,8 @@ class _LimiterBase:
         self._leases = isinstance(algorithm, Concurrency)
         # MemoryStore never fails: hits skip the outage bookkeeping entirely.
         self._memory = store if type(store) is MemoryStore else None
+        memory = self._memory
+        self._memory_hit = memory.hitter(algorithm, self.name) if memory is not None else None
         # A sync store's single-limit hot path (RedisStore.decide_one), if it has one.
         self._decide_one = getattr(store, "decide_one", None) if self._memory is None else None
 
@@ -286,10 +289,9 @@ class RateLimiter(_LimiterBase):
 
     def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
-        memory = self._memory
-        if memory is not None and 0 <= cost < _INF:
-            lease = os.urandom(9).hex() if self._leases else ""
-            return memory.decide_one(self.algorithm, self.name, key, float(cost), lease)
+        memory_hit = self._memory_hit
+        if memory_hit is not None and 0 <= cost < _INF:
+            return memory_hit(key, float(cost), os.urandom(9).hex() if self._leases else "")
         decide_one = self._decide_one
         if decide_one is not None and 0 <= cost < _INF and self._health.down_since is None:
             lease = os.urandom(9).hex() if self._leases else ""
@@ -384,10 +386,9 @@ class AsyncRateLimiter(_LimiterBase):
 
     async def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
-        memory = self._memory
-        if memory is not None and 0 <= cost < _INF:
-            lease = os.urandom(9).hex() if self._leases else ""
-            return memory.decide_one(self.algorithm, self.name, key, float(cost), lease)
+        memory_hit = self._memory_hit
+        if memory_hit is not None and 0 <= cost < _INF:
+            return memory_hit(key, float(cost), os.urandom(9).hex() if self._leases else "")
         return await AsyncRateLimiter.hit_many(((self, key),), cost)
 
     @staticmethod

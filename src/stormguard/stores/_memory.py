@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time as _time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -120,6 +120,34 @@ class MemoryStore:
             Decision,
             (allowed, algorithm.limit, remaining, reset, retry, name, algorithm.window, held, ()),
         )
+
+    def hitter(self, algorithm: Algorithm, name: str) -> Callable[[str, float, str], Decision]:
+        """A specialised ``decide_one`` for one limiter: ``hit(key, cost, lease)``.
+
+        Same decisions as :meth:`decide_one`; everything that does not change per
+        hit is bound once (the limiter's hot path: about a third of the cost).
+        """
+        data, lock, put = self._data, self._lock, self._put
+        monotonic, advance = self._monotonic, algorithm.advance
+        limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
+
+        def hit(key: str, cost: float, lease: str) -> Decision:
+            skey = prefix + key
+            with lock:
+                now = monotonic()
+                entry = data.get(skey)
+                state = None if entry is None or entry[0] <= now else entry[1]
+                new, allowed, remaining, reset, retry = advance(state, now, cost, lease)
+                if allowed and cost > 0:
+                    if entry is not None and reset > 0:
+                        data[skey] = (now + reset, new)
+                        data.move_to_end(skey)
+                    else:
+                        put(skey, new, reset, now)
+            held = (lease or None) if allowed and cost > 0 else None
+            return _new(Decision, (allowed, limit, remaining, reset, retry, name, window, held, ()))
+
+        return hit
 
     def decide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """Decide several limits at once, all or nothing."""
