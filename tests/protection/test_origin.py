@@ -124,3 +124,31 @@ async def test_async_twins(clock: FakeClock) -> None:
         with pytest.raises(BulkheadFull):
             async with guard.aslot(0.0):
                 pass
+
+
+def test_observe_reads_the_hint_from_headers(clock: FakeClock) -> None:
+    """Without a parsed hint, observe() reads Retry-After itself."""
+    guard = OriginGuards(clock=clock).get("https://a")
+    guard.observe(503, {"Retry-After": "12"})
+    assert guard.cooldown_remaining() == 12.0
+    guard.observe(429, {"Retry-After": "not a number"})
+    assert guard.cooldown_remaining() == 12.0
+
+
+def test_default_guards_are_process_wide() -> None:
+    """All-default adapters share one registry; any setting gives a private one."""
+    from stormguard.protection._origin import default_guards, guards_for, reset_default_guards
+
+    reset_default_guards()
+    try:
+        shared = guards_for()
+        assert guards_for() is shared is default_guards()
+        assert guards_for().get("https://a").budget is shared.get("https://a").budget
+        assert guards_for(budget=False) is not shared
+        assert guards_for(clock=FakeClock()) is not shared
+        mine = OriginGuards()
+        assert guards_for(guards=mine) is mine
+        reset_default_guards()
+        assert guards_for() is not shared
+    finally:
+        reset_default_guards()

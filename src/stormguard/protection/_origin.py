@@ -23,13 +23,21 @@ from urllib.parse import urlsplit
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, RateLimited
+from ..core._headers import wait_hint
 from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
 from ._pacer import Pacer
 
-__all__ = ["OriginGuard", "OriginGuards", "origin_of"]
+__all__ = [
+    "OriginGuard",
+    "OriginGuards",
+    "default_guards",
+    "guards_for",
+    "origin_of",
+    "reset_default_guards",
+]
 
 # Statuses whose wait hint pauses the whole origin.
 COOLDOWN_STATUSES = frozenset({429, 503})
@@ -70,6 +78,7 @@ class OriginGuard:
     """The protection of one origin (see :class:`OriginGuards`)."""
 
     __slots__ = (
+        "_clock",
         "_cooldown",
         "_pacer",
         "_policy_cache",
@@ -88,8 +97,10 @@ class OriginGuard:
         bulkhead: Bulkhead | None,
         cooldown: Cooldown | None,
         pacer: Pacer | None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.origin = origin
+        self._clock = clock
         self.breaker = breaker
         self.budget = budget
         self.bulkhead = bulkhead
@@ -140,19 +151,43 @@ class OriginGuard:
             wait = max(wait, paced)
         return wait
 
-    def observe(self, status: int, headers: Any, hint: float | None) -> None:
-        """Learn from a response: a 429/503 hint pauses the origin; quotas feed pacing."""
-        if self._cooldown is not None and hint and status in COOLDOWN_STATUSES:
+    def _hint(self, status: int, headers: Any, hint: float | None) -> float | None:
+        if self._cooldown is None or status not in COOLDOWN_STATUSES:
+            return None
+        if hint is None:
+            try:
+                hint = wait_hint(status, headers, now=self._clock.time())
+            except Exception:  # hostile headers never break a request
+                return None
+        return hint
+
+    def observe(self, status: int, headers: Any, hint: float | None = None) -> None:
+        """Learn from a response: a 429/503 hint pauses the origin; quotas feed pacing.
+
+        ``hint`` is the server's wait if the caller already parsed it (else it is
+        read from ``headers``).
+        """
+        hint = self._hint(status, headers, hint)
+        if hint and self._cooldown is not None:
             self._cooldown.pause(self.origin, hint)
         if self._pacer is not None:
             self._pacer.observe(self.origin, headers)
 
-    async def aobserve(self, status: int, headers: Any, hint: float | None) -> None:
+    async def aobserve(self, status: int, headers: Any, hint: float | None = None) -> None:
         """Async twin of :meth:`observe`."""
-        if self._cooldown is not None and hint and status in COOLDOWN_STATUSES:
+        hint = self._hint(status, headers, hint)
+        if hint and self._cooldown is not None:
             await self._cooldown.apause(self.origin, hint)
         if self._pacer is not None:
             self._pacer.observe(self.origin, headers)
+
+    def cooldown_remaining(self) -> float:
+        """Seconds this origin stays paused (0.0 when not, or without a cooldown)."""
+        return 0.0 if self._cooldown is None else self._cooldown.remaining(self.origin)
+
+    async def acooldown_remaining(self) -> float:
+        """Async twin of :meth:`cooldown_remaining`."""
+        return 0.0 if self._cooldown is None else await self._cooldown.aremaining(self.origin)
 
     @contextlib.contextmanager
     def slot(self, max_wait: float | None = None) -> Iterator[None]:
@@ -289,4 +324,67 @@ class OriginGuards:
             bulkhead=bulkhead,  # type: ignore[arg-type]
             cooldown=self._cooldown,
             pacer=self._pacer,
+            clock=self._clock,
         )
+
+
+_DEFAULT: OriginGuards | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_guards() -> OriginGuards:
+    """The process-wide guards with default settings, shared by every HTTP client.
+
+    One breaker, budget and bulkhead per origin for the whole process: two clients
+    talking to the same API share them, as they share the API's capacity.
+    """
+    global _DEFAULT
+    guards = _DEFAULT
+    if guards is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None:
+                _DEFAULT = OriginGuards()
+            guards = _DEFAULT
+    return guards
+
+
+def reset_default_guards() -> None:
+    """Forget the process-wide guards (tests call this between cases)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        _DEFAULT = None
+
+
+def guards_for(
+    *,
+    guards: OriginGuards | None = None,
+    breaker: Setting = True,
+    budget: Setting = True,
+    bulkhead: Setting = True,
+    cooldown: Setting = True,
+    pacing: Setting = True,
+    store: Any = None,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+) -> OriginGuards:
+    """What an adapter's protection keywords resolve to.
+
+    ``guards`` wins when given (share one registry between clients on purpose).
+    All defaults (and the system clock) give the process-wide :func:`default_guards`;
+    anything else gives the adapter its own registry.
+    """
+    if guards is not None:
+        return guards
+    settings = (breaker, budget, bulkhead, cooldown, pacing)
+    if all(value is True for value in settings) and store is None and clock in (None, SYSTEM_CLOCK):
+        return default_guards()
+    return OriginGuards(
+        breaker=breaker,
+        budget=budget,
+        bulkhead=bulkhead,
+        cooldown=cooldown,
+        pacing=pacing,
+        store=store,
+        clock=clock,
+        rng=rng,
+    )
