@@ -42,6 +42,7 @@ PROMISED = {
     ],
     "stormguard.httpx": ["RetryTransport"],
     "stormguard.requests": ["RetryAdapter"],
+    "stormguard.grpc": ["AsyncRetryInterceptor", "RetryInterceptor"],
     "stormguard.protection": [
         "BreakerEvent",
         "Bulkhead",
@@ -53,6 +54,14 @@ PROMISED = {
     ],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],
     "stormguard.testing": ["FakeClock"],
+    "stormguard.mock": [
+        "Checker",
+        "MockServer",
+        "Report",
+        "Violation",
+        "check_journal",
+        "load_scenario",
+    ],
 }
 
 
