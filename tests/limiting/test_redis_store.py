@@ -139,6 +139,16 @@ def test_from_url_builds_redis_stores(redis_url: str) -> None:
     sync_store.close()
 
 
+def test_repr_hides_the_password_and_bad_urls_are_config_errors() -> None:
+    """Log lines show the store without its password; a malformed URL fails at once."""
+    from stormguard import ConfigError
+
+    store = RedisStore("redis://user:s3cret@127.0.0.1:1/0")
+    assert "s3cret" not in repr(store)
+    with pytest.raises(ConfigError, match="url"):
+        RedisStore("redis://127.0.0.1:notaport/0")
+
+
 def test_timeouts_are_bounded_by_default(store: RedisStore) -> None:
     """Connect and read timeouts default to 0.25 s and redis-py retries are off."""
     kwargs = store.client.connection_pool.connection_kwargs

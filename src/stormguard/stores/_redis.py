@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from importlib import resources
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from .._errors import StoreError
+from .._errors import ConfigError, StoreError
 from .._extras import require
 from ..core._limiters import Algorithm, Decision, LimitRequest
 from . import _lua
@@ -107,7 +108,12 @@ class _RedisBase:
         return f"{self.prefix}{{{':'.join(parts)}}}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r}, prefix={self.prefix!r})"
+        # Shown in outage log lines: never print a password from the URL.
+        parts = urlsplit(self.url)
+        url = self.url
+        if parts.password:
+            url = parts._replace(netloc=f"***@{parts.hostname}:{parts.port or 6379}").geturl()
+        return f"{type(self).__name__}({url!r}, prefix={self.prefix!r})"
 
 
 class RedisStore(_RedisBase):
@@ -132,9 +138,12 @@ class RedisStore(_RedisBase):
     ) -> None:
         super().__init__(url, prefix, instances)
         redis_mod = require("redis", "redis")
-        self.client: redis.Redis = redis_mod.Redis.from_url(
-            url, **_client_kwargs(socket_timeout, connect_timeout, redis_kwargs)
-        )
+        try:
+            self.client: redis.Redis = redis_mod.Redis.from_url(
+                url, **_client_kwargs(socket_timeout, connect_timeout, redis_kwargs)
+            )
+        except ValueError as exc:
+            raise ConfigError("url", str(exc)) from exc
         self._params: dict[Algorithm, tuple[str, str, str]] = {}
         self._local = threading.local()
         self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -257,7 +266,10 @@ class AsyncRedisStore(_RedisBase):
         kwargs = _client_kwargs(socket_timeout, connect_timeout, {})
         kwargs["retry"] = retry_mod.Retry(backoff_mod.NoBackoff(), 0)
         kwargs.update(redis_kwargs)
-        self.client: redis.asyncio.Redis = aredis.Redis.from_url(url, **kwargs)
+        try:
+            self.client: redis.asyncio.Redis = aredis.Redis.from_url(url, **kwargs)
+        except ValueError as exc:
+            raise ConfigError("url", str(exc)) from exc
         self.max_batch = 128
         self._pending: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
