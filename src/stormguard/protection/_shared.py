@@ -76,8 +76,21 @@ class Shared:
         return key
 
     def usable(self) -> bool:
-        """Whether to try the store now (not degraded, or due for a retry)."""
-        return not self.degraded or self._clock.monotonic() >= self._retry_at
+        """Whether to try the store now: not degraded, or this caller probes it.
+
+        While degraded, one caller per ``retry_after`` seconds gets True (and pays
+        a timeout if the store is still gone); everyone else decides locally.
+        """
+        if not self.degraded:
+            return True
+        now = self._clock.monotonic()
+        if now < self._retry_at:
+            return False
+        with self._lock:
+            if now < self._retry_at:
+                return False
+            self._retry_at = now + self.retry_after
+            return True
 
     def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a script from a sync caller; raises StoreError."""
