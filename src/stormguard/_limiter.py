@@ -185,6 +185,9 @@ class _Group:
         self.store = self.limiters[0].store
         if any(limiter.store is not self.store for limiter in self.limiters):
             raise ConfigError("items", "every limiter of one call must share one store")
+        if len(items) > 1 and len({(limiter.name, key) for limiter, key in items}) < len(items):
+            # The same state twice could not be decided all or nothing.
+            raise ConfigError("items", "the same (limiter name, key) appears twice")
         self.health = self.limiters[0]._health
         self.requests = [limiter._request(key, cost) for limiter, key in items]
 
@@ -309,9 +312,10 @@ class RateLimiter(_LimiterBase):
         """Decide several limits for one request, all or nothing, in one store call.
 
         ``items`` pairs each limiter (all on one store) with its key, e.g. per
-        client, per route and global. A denial by one consumes nothing from the
-        others. The result is allowed only if every limit allowed; ``parts`` holds
-        each limit's decision and ``headers()`` renders all of them.
+        client, per route and global; each (limiter name, key) at most once. A
+        denial by one consumes nothing from the others. The result is allowed only
+        if every limit allowed; ``parts`` holds each limit's decision and
+        ``headers()`` renders all of them.
         """
         group = _Group(items, cost)
         store: SyncStore = group.store  # type: ignore[assignment]

@@ -141,3 +141,10 @@ def test_group_needs_one_store() -> None:
     a, b = RateLimiter(FixedWindow(1, 1)), RateLimiter(FixedWindow(1, 1))
     with pytest.raises(ConfigError, match="one store"):
         RateLimiter.hit_many([(a, "k"), (b, "k")])
+
+
+def test_group_refuses_the_same_state_twice() -> None:
+    """hit_many refuses one (limiter name, key) twice: it could not be all or nothing."""
+    a = RateLimiter(FixedWindow(1, 1))
+    with pytest.raises(ConfigError, match="twice"):
+        RateLimiter.hit_many([(a, "k"), (a, "k")])
