@@ -18,6 +18,7 @@ from ._errors import (
     StormguardError,
 )
 from ._limiter import AsyncRateLimiter, RateLimiter
+from .client._context import Attempt, Retrying, retrying
 from .client._decorator import retry
 from .client._driver import RetryRecord
 from .core._backoff import (
@@ -47,6 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncRateLimiter",
+    "Attempt",
     "Backoff",
     "BreakerEvent",
     "Bulkhead",
@@ -75,6 +77,7 @@ __all__ = [
     "RetryError",
     "RetryPolicy",
     "RetryRecord",
+    "Retrying",
     "ScenarioError",
     "SlidingWindowCounter",
     "SlidingWindowLog",
@@ -84,6 +87,7 @@ __all__ = [
     "parse_rate_limits",
     "parse_retry_after",
     "retry",
+    "retrying",
     "wait_hint",
     "wait_hint_from_body",
 ]

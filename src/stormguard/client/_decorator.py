@@ -8,6 +8,7 @@ import functools
 import inspect
 import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -29,7 +30,8 @@ T = TypeVar("T")
 ExceptionFilter = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 )
-_UNSET: Any = object()
+UNSET: Any = object()
+_UNSET = UNSET
 
 
 class _Judge:
@@ -113,6 +115,37 @@ def _exception_hint(exc: BaseException, clock: Clock) -> float | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `retry` and `retrying` resolve from their keywords, once."""
+
+    policy: RetryPolicy
+    judge: _Judge
+    hooks: tuple[RetryHook, ...]
+    clock: Clock
+
+
+def configure(
+    *,
+    on: ExceptionFilter,
+    fields: dict[str, Any],
+    policy: RetryPolicy | None,
+    on_retry: RetryHook | Sequence[RetryHook],
+    clock: Clock | None,
+) -> Config:
+    """Validate the keywords into a policy, a judge and hooks (ConfigError on bad input)."""
+    given = {name: value for name, value in fields.items() if value is not _UNSET}
+    if policy is not None and given:
+        raise ConfigError("policy", f"pass either policy= or its fields, not both ({given})")
+    resolved = policy if policy is not None else RetryPolicy(**given)
+    if (isinstance(on, type) and issubclass(on, BaseException)) or isinstance(on, tuple):
+        resolved = resolved.replace(retry_exceptions=on)
+    hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
+    the_clock = clock or SYSTEM_CLOCK
+    judge = _Judge(on, resolved.retry_statuses or DEFAULT_RETRY_STATUSES, the_clock)
+    return Config(resolved, judge, hooks, the_clock)
+
+
 @overload
 def retry(fn: Callable[P, T], /) -> Callable[P, T]: ...
 
@@ -171,24 +204,22 @@ def retry(
     ``__cause__``). Exceptions not matched by ``on`` propagate unchanged at once.
     Pass a ready :class:`RetryPolicy` as ``policy=`` instead of its fields.
     """
-    fields = {
-        "attempts": attempts,
-        "backoff": backoff,
-        "deadline": deadline,
-        "max_wait": max_wait,
-        "retry_statuses": retry_statuses,
-        "budget": budget,
-        "breaker": breaker,
-    }
-    given = {name: value for name, value in fields.items() if value is not _UNSET}
-    if policy is not None and given:
-        raise ConfigError("policy", f"pass either policy= or its fields, not both ({given})")
-    resolved = policy if policy is not None else RetryPolicy(**given)
-    if (isinstance(on, type) and issubclass(on, BaseException)) or isinstance(on, tuple):
-        resolved = resolved.replace(retry_exceptions=on)
-    hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
-    the_clock = clock or SYSTEM_CLOCK
-    judge = _Judge(on, resolved.retry_statuses or DEFAULT_RETRY_STATUSES, the_clock)
+    config = configure(
+        on=on,
+        fields={
+            "attempts": attempts,
+            "backoff": backoff,
+            "deadline": deadline,
+            "max_wait": max_wait,
+            "retry_statuses": retry_statuses,
+            "budget": budget,
+            "breaker": breaker,
+        },
+        policy=policy,
+        on_retry=on_retry,
+        clock=clock,
+    )
+    resolved, judge, hooks, the_clock = config.policy, config.judge, config.hooks, config.clock
 
     # Success-path fast lane: with no breaker and no budget there is nothing to
     # consult before the first attempt, so the call state is only built once an
@@ -215,15 +246,15 @@ def retry(
                         return await afunc(*args, **kwargs)
                     except Exception as exc:
                         call = new_call(started)
-                        await the_clock.asleep(_after_exception(call, judge, None, exc))
+                        await the_clock.asleep(after_exception(call, judge, None, exc))
                 else:
                     call = new_call(started)
                 while True:
-                    permit = _admit(call)
+                    permit = admit(call)
                     try:
                         result = await afunc(*args, **kwargs)
                     except Exception as exc:
-                        await the_clock.asleep(_after_exception(call, judge, permit, exc))
+                        await the_clock.asleep(after_exception(call, judge, permit, exc))
                     else:
                         record_permit(permit, failure=False)
                         return result
@@ -238,15 +269,15 @@ def retry(
                     return func(*args, **kwargs)
                 except Exception as exc:
                     call = new_call(started)
-                    the_clock.sleep(_after_exception(call, judge, None, exc))
+                    the_clock.sleep(after_exception(call, judge, None, exc))
             else:
                 call = new_call(started)
             while True:
-                permit = _admit(call)
+                permit = admit(call)
                 try:
                     result = func(*args, **kwargs)
                 except Exception as exc:
-                    the_clock.sleep(_after_exception(call, judge, permit, exc))
+                    the_clock.sleep(after_exception(call, judge, permit, exc))
                 else:
                     record_permit(permit, failure=False)
                     return result
@@ -258,7 +289,7 @@ def retry(
     return decorate
 
 
-def _admit(call: RetryCall) -> Any:
+def admit(call: RetryCall) -> Any:
     try:
         return call.admit()
     except CircuitOpen as refused:
@@ -273,7 +304,7 @@ def _admit(call: RetryCall) -> Any:
         ) from refused
 
 
-def _after_exception(call: RetryCall, judge: _Judge, permit: Any, exc: Exception) -> float:
+def after_exception(call: RetryCall, judge: _Judge, permit: Any, exc: Exception) -> float:
     """Judge a raised exception; return the wait before the next attempt or raise."""
     judged = judge(exc)
     call.last_exception = exc

@@ -1,0 +1,77 @@
+"""stormguard.retrying(): retrying a block with `for` and `async for`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stormguard import Constant, Exponential, GiveUpReason, RetryError, RetryRecord, retrying
+from stormguard.testing import FakeClock
+
+
+def test_block_is_retried_until_it_succeeds() -> None:
+    """Two failing blocks then a good one: three attempts, two waits."""
+    clock = FakeClock()
+    outcomes = [OSError("a"), OSError("b"), None]
+    numbers = []
+    for attempt in retrying(on=OSError, backoff=Exponential(1, 10), clock=clock):
+        with attempt:
+            numbers.append(attempt.number)
+            error = outcomes.pop(0)
+            if error is not None:
+                raise error
+    assert numbers == [1, 2, 3] and clock.sleeps == [1, 2]
+
+
+def test_giving_up_raises_retry_error_from_the_block() -> None:
+    """When attempts run out the block raises RetryError with the last exception."""
+    clock = FakeClock()
+    with pytest.raises(RetryError) as info:
+        for attempt in retrying(on=OSError, attempts=2, backoff=Constant(1, 1), clock=clock):
+            with attempt:
+                raise OSError("always")
+    assert info.value.reason == GiveUpReason.ATTEMPTS_EXHAUSTED
+    assert isinstance(info.value.last_exception, OSError) and clock.sleeps == [1]
+
+
+def test_unmatched_exception_propagates_at_once() -> None:
+    """An exception not matched by `on` leaves the loop unchanged after one attempt."""
+    count = 0
+    with pytest.raises(KeyError):
+        for attempt in retrying(on=OSError, clock=FakeClock()):
+            with attempt:
+                count += 1
+                raise KeyError("bug")
+    assert count == 1
+
+
+def test_async_for_works_the_same() -> None:
+    """`async for` sleeps with the clock's async sleep and records each retry."""
+    clock = FakeClock()
+    records: list[RetryRecord] = []
+
+    async def main() -> int:
+        calls = 0
+        async for attempt in retrying(
+            on=TimeoutError,
+            backoff=Constant(0.5, 0.5),
+            clock=clock,
+            on_retry=records.append,
+            name="fetch",
+        ):
+            with attempt:
+                calls += 1
+                if calls < 3:
+                    raise TimeoutError
+        return calls
+
+    assert asyncio.run(main()) == 3
+    assert clock.sleeps == [0.5, 0.5]
+    assert [r.target for r in records] == ["fetch", "fetch"]
+
+
+def test_a_loop_without_with_stops_after_one_attempt() -> None:
+    """An attempt never entered counts as finished: the loop cannot spin forever."""
+    attempts = list(retrying(on=OSError, clock=FakeClock()))
+    assert len(attempts) == 1
