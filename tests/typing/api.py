@@ -44,3 +44,17 @@ def use() -> None:
     stormguard.retry(on_retry=hook_records.append)(bare)
     reason: str = stormguard.GiveUpReason.DEADLINE
     print(text, numbers, value, delay, client, aclient, reason)
+
+
+def use_retrying() -> int:
+    for attempt in stormguard.retrying(on=OSError, attempts=3):
+        with attempt:
+            number: int = attempt.number
+            return number
+    return 0
+
+
+async def use_async_retrying() -> None:
+    async for attempt in stormguard.retrying(on=(OSError,), deadline=1.0):
+        with attempt:
+            await asyncio.sleep(0)
