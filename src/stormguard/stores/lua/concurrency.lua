@@ -4,7 +4,9 @@ local function conc_cleanup(key, aux, now)
   local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now + EPS)
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now + EPS)
-    redis.call('HDEL', aux, unpack(gone))
+    for i = 1, #gone, 1000 do  -- unpack() is bounded by the Lua stack
+      redis.call('HDEL', aux, unpack(gone, i, math.min(i + 999, #gone)))
+    end
   end
   local used = 0
   for _, c in ipairs(redis.call('HVALS', aux)) do used = used + tonumber(c) end
