@@ -226,6 +226,7 @@ class RedisStore(_RedisBase):
         try:
             with self._conns_lock:
                 conns, self._conns = list(self._conns), weakref.WeakSet()
+                self._local = threading.local()  # every thread starts a fresh connection
             for conn in conns:
                 conn.disconnect()
             self.client.close()
