@@ -289,6 +289,8 @@ class RateLimiter(_LimiterBase):
             clock=clock,
             retry_store_after=retry_store_after,
         )
+        if not callable(getattr(self.store, "decide", None)):
+            raise ConfigError("store", f"{self.store!r} is not a sync store (use AsyncRateLimiter)")
 
     def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
@@ -387,6 +389,8 @@ class AsyncRateLimiter(_LimiterBase):
             clock=clock,
             retry_store_after=retry_store_after,
         )
+        if not callable(getattr(self.store, "adecide", None)):
+            raise ConfigError("store", f"{self.store!r} is not an async store (use RateLimiter)")
 
     async def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""

@@ -149,6 +149,16 @@ def test_repr_hides_the_password_and_bad_urls_are_config_errors() -> None:
         RedisStore("redis://127.0.0.1:notaport/0")
 
 
+def test_sync_and_async_stores_are_not_mixed_up(redis_url: str) -> None:
+    """A sync limiter refuses an async store and vice versa, at construction."""
+    from stormguard import ConfigError
+
+    with pytest.raises(ConfigError, match="store"):
+        RateLimiter(FixedWindow(1, 1), AsyncRedisStore(redis_url))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="store"):
+        AsyncRateLimiter(FixedWindow(1, 1), RedisStore(redis_url))  # type: ignore[arg-type]
+
+
 def test_timeouts_are_bounded_by_default(store: RedisStore) -> None:
     """Connect and read timeouts default to 0.25 s and redis-py retries are off."""
     kwargs = store.client.connection_pool.connection_kwargs
