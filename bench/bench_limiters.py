@@ -41,39 +41,48 @@ def _keys(number: int) -> list[str]:
     return list(itertools.islice(itertools.cycle(CLIENTS), number))
 
 
-def _per_call(fn: Callable[[str], Any], number: int, repeat: int) -> float:
-    """Best of `repeat` runs over the clients in turn: seconds per call."""
-    best = float("inf")
+def _race(
+    contenders: dict[str, Callable[[str], Any]], number: int, repeat: int
+) -> dict[str, float]:
+    """Seconds per call, best of `repeat` rounds over the clients in turn.
+
+    Contenders are interleaved within each round, so a burst of load from other
+    processes on a shared machine hits all of them rather than one.
+    """
     keys = _keys(number)
+    best = dict.fromkeys(contenders, float("inf"))
     for _ in range(repeat):
-        gc.collect()
-        started = time.perf_counter()
-        for key in keys:
-            fn(key)
-        best = min(best, (time.perf_counter() - started) / number)
+        for name, fn in contenders.items():
+            gc.collect()
+            started = time.perf_counter()
+            for key in keys:
+                fn(key)
+            best[name] = min(best[name], (time.perf_counter() - started) / number)
     return best
 
 
-def _per_call_async(
-    make: Callable[[], Callable[[], Awaitable[Any]]], number: int, repeat: int
-) -> float:
-    """Best of `repeat` runs of CALLERS concurrent tasks: seconds per decision."""
+def _race_async(
+    makers: dict[str, Callable[[], Callable[[], Awaitable[Any]]]], number: int, repeat: int
+) -> dict[str, float]:
+    """Seconds per decision with CALLERS concurrent tasks, best of `repeat` interleaved rounds."""
 
-    async def run() -> float:
-        hit = make()
-        for _ in range(CALLERS):  # warm the connection pool
-            await hit()
-        best = float("inf")
+    async def run() -> dict[str, float]:
+        hits = {name: make() for name, make in makers.items()}
+        for hit in hits.values():  # warm the connection pools
+            await asyncio.gather(*(hit() for _ in range(CALLERS)))
         per_task = max(1, number // CALLERS)
+        best = dict.fromkeys(hits, float("inf"))
 
-        async def caller() -> None:
+        async def caller(hit: Callable[[], Awaitable[Any]]) -> None:
             for _ in range(per_task):
                 await hit()
 
         for _ in range(repeat):
-            started = time.perf_counter()
-            await asyncio.gather(*(caller() for _ in range(CALLERS)))
-            best = min(best, (time.perf_counter() - started) / (per_task * CALLERS))
+            for name, hit in hits.items():
+                started = time.perf_counter()
+                await asyncio.gather(*(caller(hit) for _ in range(CALLERS)))
+                elapsed = (time.perf_counter() - started) / (per_task * CALLERS)
+                best[name] = min(best[name], elapsed)
         return best
 
     return asyncio.run(run())
@@ -111,17 +120,14 @@ def _memory(number: int, repeat: int) -> None:
 
     import stormguard as sg
 
-    times: dict[str, float] = {}
+    contenders: dict[str, Callable[[str], Any]] = {}
     for algorithm in (
         sg.TokenBucket(HUGE, HUGE),
         sg.GCRA(HUGE, HUGE),
         sg.FixedWindow(HUGE, 60),
         sg.SlidingWindowCounter(HUGE, 60),
     ):
-        limiter = sg.RateLimiter(algorithm)
-        times[f"stormguard {algorithm.kind}"] = _per_call(
-            lambda key, limiter=limiter: limiter.hit(key), number, repeat
-        )
+        contenders[f"stormguard {algorithm.kind}"] = sg.RateLimiter(algorithm).hit
 
     item = parse(f"{HUGE}/minute")
     memory = storage.MemoryStorage()
@@ -131,19 +137,16 @@ def _memory(number: int, repeat: int) -> None:
         strategies.MovingWindowRateLimiter,
     ):
         peer = strategy(memory)
-        times[f"limits {strategy.__name__}"] = _per_call(
-            lambda key, peer=peer: peer.hit(item, key), number // 4, repeat
-        )
+        contenders[f"limits {strategy.__name__}"] = lambda key, peer=peer: peer.hit(item, key)
 
     rate = [Rate(HUGE, Duration.MINUTE)]
     log = Limiter(InMemoryBucket(rate))
-    times["pyrate-limiter InMemoryBucket"] = _per_call(
-        lambda key: log.try_acquire(key, blocking=False), number // 4, repeat
-    )
+    contenders["pyrate-limiter InMemoryBucket"] = lambda key: log.try_acquire(key, blocking=False)
     state = Limiter(StateBucket(rate, algorithm=PyrateGCRA(), store=InMemoryStateStore()))
-    times["pyrate-limiter StateBucket(GCRA)"] = _per_call(
-        lambda key: state.try_acquire(key, blocking=False), number // 4, repeat
+    contenders["pyrate-limiter StateBucket(GCRA)"] = lambda key: state.try_acquire(
+        key, blocking=False
     )
+    times = _race(contenders, number, repeat)
 
     ours = min(t for name, t in times.items() if name.startswith("stormguard"))
     limits_best = min(t for name, t in times.items() if name.startswith("limits"))
@@ -170,7 +173,7 @@ def _redis_sync(url: str, token: str, number: int, repeat: int) -> float:
     import stormguard as sg
     from stormguard.stores import RedisStore
 
-    times: dict[str, float] = {}
+    contenders: dict[str, Callable[[str], Any]] = {}
     store = RedisStore(url, prefix=f"sgbench:{token}:")
     for algorithm in (
         sg.GCRA(HUGE, HUGE),
@@ -178,23 +181,19 @@ def _redis_sync(url: str, token: str, number: int, repeat: int) -> float:
         sg.FixedWindow(HUGE, 60),
         sg.SlidingWindowLog(HUGE, 1),
     ):
-        limiter = sg.RateLimiter(algorithm, store)
-        times[f"stormguard {algorithm.kind}"] = _per_call(
-            lambda key, limiter=limiter: limiter.hit(key), number, repeat
-        )
+        contenders[f"stormguard {algorithm.kind}"] = sg.RateLimiter(algorithm, store).hit
     limits_store = storage.RedisStorage(url, key_prefix=f"sgbench-limits-{token}")
     item = parse(f"{HUGE}/second")
     for strategy in (strategies.MovingWindowRateLimiter, strategies.FixedWindowRateLimiter):
         peer = strategy(limits_store)
-        times[f"limits {strategy.__name__}"] = _per_call(
-            lambda key, peer=peer, name=strategy.__name__: peer.hit(item, name, key), number, repeat
+        contenders[f"limits {strategy.__name__}"] = lambda key, peer=peer, name=strategy.__name__: (
+            peer.hit(item, name, key)
         )
     client = redis.Redis.from_url(url)
     bucket = RedisBucket.init([Rate(HUGE, Duration.SECOND)], client, f"sgbench-pyrate-{token}")
     pyrate = Limiter(bucket)
-    times["pyrate-limiter RedisBucket"] = _per_call(
-        lambda key: pyrate.try_acquire(key, blocking=False), number, repeat
-    )
+    contenders["pyrate-limiter RedisBucket"] = lambda key: pyrate.try_acquire(key, blocking=False)
+    times = _race(contenders, number, repeat)
     _table("Redis, sync, one caller, 1,000 clients", times, "limits MovingWindowRateLimiter")
     _verdict(times, "limits MovingWindowRateLimiter")
     store.close()
@@ -204,8 +203,6 @@ def _redis_sync(url: str, token: str, number: int, repeat: int) -> float:
 
 def _redis_async(url: str, token: str, number: int, repeat: int) -> float:
     import stormguard as sg
-
-    times: dict[str, float] = {}
 
     def ours(algorithm: Any) -> Callable[[], Callable[[], Awaitable[Any]]]:
         def make() -> Callable[[], Awaitable[Any]]:
@@ -218,8 +215,10 @@ def _redis_async(url: str, token: str, number: int, repeat: int) -> float:
 
         return make
 
-    for algorithm in (sg.GCRA(HUGE, HUGE), sg.SlidingWindowLog(HUGE, 1)):
-        times[f"stormguard {algorithm.kind}"] = _per_call_async(ours(algorithm), number, repeat)
+    makers = {
+        f"stormguard {algorithm.kind}": ours(algorithm)
+        for algorithm in (sg.GCRA(HUGE, HUGE), sg.SlidingWindowLog(HUGE, 1))
+    }
 
     def limits_moving() -> Callable[[], Awaitable[Any]]:
         from limits import parse
@@ -233,8 +232,9 @@ def _redis_async(url: str, token: str, number: int, repeat: int) -> float:
         key = itertools.cycle(CLIENTS).__next__
         return lambda: peer.hit(item, key())
 
-    times["limits MovingWindowRateLimiter (aio)"] = _per_call_async(limits_moving, number, repeat)
     peer = "limits MovingWindowRateLimiter (aio)"
+    makers[peer] = limits_moving
+    times = _race_async(makers, number, repeat)
     _table(f"Redis, async, {CALLERS} concurrent callers, 1,000 clients", times, peer)
     _verdict(times, peer)
     return min(times["stormguard gcra"], times["stormguard sliding_window_log"])
