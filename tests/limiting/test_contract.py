@@ -134,7 +134,7 @@ async def test_invalid_cost_is_a_config_error(make_limiter: Factory, cost: float
         await limiter.hit("c", cost)
 
 
-async def test_refill_over_real_seconds_is_not_needed(make_limiter: Factory) -> None:
+async def test_denial_headers_carry_a_whole_retry_after(make_limiter: Factory) -> None:
     """Retry-After on denial is rounded up to whole seconds, at least 1."""
     limiter = make_limiter(FixedWindow(1, LONG))
     await limiter.hit("c")
