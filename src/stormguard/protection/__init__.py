@@ -6,12 +6,13 @@ runtime objects around the pure cores in :mod:`stormguard.core`.
 
 from __future__ import annotations
 
-from ._breaker import BreakerEvent, CircuitBreaker, Permit
+from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
 from ._origin import OriginGuard, OriginGuards, origin_of
 from ._pacer import Pacer
+from ._permit import BreakerEvent, Permit
 
 __all__ = [
     "BreakerEvent",

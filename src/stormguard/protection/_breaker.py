@@ -17,7 +17,8 @@
 # use) and a `name`, admission and outcomes run as Lua scripts on Redis' clock.
 # If the store fails, the breaker decides with its local core, logs it, tells the
 # listeners (kind "store_unavailable"), and goes back to Redis when it answers
-# again ("store_available").
+# again ("store_available"). The script encoding is in _breaker_store.py, the
+# Permit and BreakerEvent in _permit.py; the rest stays here as one machine.
 from __future__ import annotations
 
 import functools
@@ -27,35 +28,20 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from types import CoroutineType, TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen, ConfigError, StoreError
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
+from ._breaker_store import BreakerStore, RemoteAdmission
+from ._permit import BreakerEvent, EventKind, Listener, Permit
 from ._shared import Shared, logger
 
-__all__ = ["BreakerEvent", "CircuitBreaker", "Permit"]
+__all__ = ["CircuitBreaker"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-EventKind = Literal["state_change", "store_unavailable", "store_available"]
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerEvent:
-    """What a listener receives: a state change, or the shared store going/coming."""
-
-    name: str | None
-    kind: EventKind
-    old_state: BreakerState
-    new_state: BreakerState
-    detail: str = ""
-
-
-Listener = Callable[[BreakerEvent], None]
 
 
 def default_is_failure(exc: BaseException) -> bool:
@@ -74,65 +60,6 @@ _BATCH = 256  # lock-free successes counted in one go
 _CM_PERMITS: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
     "stormguard_breaker_permits", default=()
 )
-
-
-class Permit:
-    """One admitted call. Report its outcome once with :meth:`record`.
-
-    ``probe`` is True for a half-open probe. A permit that is never reported
-    holds a probe slot until its lease ends (``probe_lease``).
-    """
-
-    __slots__ = ("_admission", "_breaker", "_done", "_lease_id", "_remote", "started")
-
-    def __init__(
-        self,
-        breaker: CircuitBreaker,
-        admission: Admission,
-        started: float,
-        remote: bool = False,
-        lease_id: str = "",
-    ) -> None:
-        self._breaker = breaker
-        self._admission = admission
-        self.started = started
-        self._remote = remote
-        self._lease_id = lease_id
-        self._done = False
-
-    @property
-    def probe(self) -> bool:
-        """True when this call is a half-open probe."""
-        return self._admission.probe
-
-    @property
-    def generation(self) -> int:
-        """The breaker generation the permit was granted in."""
-        return self._admission.generation
-
-    def record(self, *, failure: bool) -> None:
-        """Report the outcome (only the first report counts)."""
-        if not self._done:
-            self._done = True
-            self._breaker._record(self, failure, "fail" if failure else "ok")
-
-    async def arecord(self, *, failure: bool) -> None:
-        """Async twin of :meth:`record` (awaits the store when it is shared)."""
-        if not self._done:
-            self._done = True
-            await self._breaker._arecord(self, failure, "fail" if failure else "ok")
-
-    def release(self) -> None:
-        """Give the permit back without an outcome (the call was cancelled)."""
-        if not self._done:
-            self._done = True
-            self._breaker._record(self, False, "release")
-
-    async def arelease(self) -> None:
-        """Async twin of :meth:`release`."""
-        if not self._done:
-            self._done = True
-            await self._breaker._arecord(self, False, "release")
 
 
 class CircuitBreaker:
@@ -166,7 +93,6 @@ class CircuitBreaker:
         "_config",
         "_core",
         "_is_failure",
-        "_keys",
         "_last_gen",
         "_last_state",
         "_listeners",
@@ -176,6 +102,7 @@ class CircuitBreaker:
         "_rng",
         "_shared",
         "_slow",
+        "_store",
         "name",
     )
 
@@ -235,7 +162,7 @@ class CircuitBreaker:
         self._last_state: BreakerState = "closed"
         self._last_gen = 0
         self._shared: Shared | None = None
-        self._keys: list[str] = []
+        self._store: BreakerStore | None = None
         if store is not None:
             if not name:
                 raise ConfigError("name", "a breaker shared through a store needs a name")
@@ -246,8 +173,7 @@ class CircuitBreaker:
                 retry_after=store_retry,
                 on_change=self._store_changed,
             )
-            base = self._shared.key("breaker", name)
-            self._keys = [base, base + ":leases", base + ":window"]
+            self._store = BreakerStore(self._shared, name, config, self._rng)
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker {self.name or hex(id(self))} {self._last_state}>"
@@ -267,8 +193,9 @@ class CircuitBreaker:
             if admission is not None:
                 return Permit(self, admission, self._monotonic())
         if shared is not None and shared.usable():
+            assert self._store is not None
             try:
-                reply = shared.run("breaker_acquire", self._keys, self._args("0"))
+                reply = self._store.acquire()
             except StoreError as exc:
                 shared.failed(exc)
             else:
@@ -280,8 +207,9 @@ class CircuitBreaker:
         """Async twin of :meth:`acquire` (awaits the store when it is shared)."""
         shared = self._shared
         if shared is not None and shared.usable():
+            assert self._store is not None
             try:
-                reply = await shared.arun("breaker_acquire", self._keys, self._args("0"))
+                reply = await self._store.aacquire()
             except StoreError as exc:
                 shared.failed(exc)
             else:
@@ -306,48 +234,28 @@ class CircuitBreaker:
             raise CircuitOpen(self.name, admission.remaining)
         return Permit(self, admission, now)
 
-    def _args(self, *extra: str) -> list[Any]:
-        cfg = self._config
-        buckets = cfg.buckets if cfg.window_kind == "time" else int(cfg.window)
-        ttl = 2.0 * (cfg.window + cfg.open_for_max + cfg.probe_lease)
-        return [
-            repr(cfg.failure_rate),
-            cfg.min_calls,
-            repr(cfg.window),
-            cfg.window_kind,
-            buckets,
-            repr(cfg.open_for),
-            repr(cfg.open_for_max),
-            cfg.half_open_probes,
-            repr(cfg.probe_lease),
-            repr(cfg.jitter),
-            repr(self._rng.random()),
-            repr(ttl),
-            *extra,
-        ]
-
-    def _remote_permit(self, reply: Any) -> Permit:
-        allowed, probe, generation, remaining, lease_id, state = reply
-        self._observe_remote(_text(state), int(generation))
-        if not int(allowed):
-            raise CircuitOpen(self.name, float(remaining))
-        admission = Admission(True, bool(int(probe)), int(generation))
-        return Permit(self, admission, self._clock.monotonic(), True, _text(lease_id))
+    def _remote_permit(self, reply: RemoteAdmission) -> Permit:
+        self._observe_remote(reply.state)
+        if not reply.allowed:
+            raise CircuitOpen(self.name, reply.remaining)
+        admission = Admission(True, reply.probe, reply.generation)
+        return Permit(self, admission, self._monotonic(), True, reply.lease_id)
 
     # -- outcomes --------------------------------------------------------------------
 
     def _record(self, permit: Permit, failure: bool, outcome: str) -> None:
         now = self._monotonic()
         if permit._remote:
-            shared = self._shared
-            assert shared is not None
+            assert self._shared is not None and self._store is not None
+            adm = permit._admission
             try:
-                args = self._record_args(permit, now, outcome)
-                reply = shared.run("breaker_record", self._keys, args)
+                state, _ = self._store.record(
+                    adm.generation, adm.probe, permit._lease_id, self._judged(permit, now, outcome)
+                )
             except StoreError as exc:
-                shared.failed(exc)  # the outcome is lost; the local core decides now
+                self._shared.failed(exc)  # the outcome is lost; the local core decides now
             else:
-                self._observe_remote(_text(reply[0]), int(reply[1]))
+                self._observe_remote(state)
             return
         admission = permit._admission
         if outcome == "release":
@@ -374,24 +282,24 @@ class CircuitBreaker:
         if not permit._remote:
             self._record(permit, failure, outcome)
             return
-        shared = self._shared
-        assert shared is not None
-        now = self._clock.monotonic()
+        assert self._shared is not None and self._store is not None
+        now = self._monotonic()
+        adm = permit._admission
         try:
-            reply = await shared.arun(
-                "breaker_record", self._keys, self._record_args(permit, now, outcome)
+            state, _ = await self._store.arecord(
+                adm.generation, adm.probe, permit._lease_id, self._judged(permit, now, outcome)
             )
         except StoreError as exc:
-            shared.failed(exc)
+            self._shared.failed(exc)
         else:
-            self._observe_remote(_text(reply[0]), int(reply[1]))
+            self._observe_remote(state)
 
-    def _record_args(self, permit: Permit, now: float, outcome: str) -> list[Any]:
+    def _judged(self, permit: Permit, now: float, outcome: str) -> str:
+        # The store's scripts get the verdict; slow_call is judged here, on our clock.
         slow = self._slow
         if outcome == "ok" and slow is not None and now - permit.started >= slow:
-            outcome = "fail"
-        adm = permit._admission
-        return self._args(str(adm.generation), "1" if adm.probe else "0", permit._lease_id, outcome)
+            return "fail"
+        return outcome
 
     # -- the forms -------------------------------------------------------------------
 
@@ -567,30 +475,28 @@ class CircuitBreaker:
         """``"closed"``, ``"open"`` or ``"half_open"`` now (from the store if shared)."""
         shared = self._shared
         if shared is not None and not shared.is_async and shared.usable():
+            assert self._store is not None
             try:
-                reply = shared.run("breaker_acquire", self._keys, self._args("1"))
+                reply = self._store.acquire(peek=True)
             except StoreError as exc:
                 shared.failed(exc)
             else:
                 shared.succeeded()
-                state = _text(reply[5])
-                self._observe_remote(state, int(reply[2]))
-                return state  # type: ignore[return-value]
+                return self._observe_remote(reply.state)
         return self.local_state()
 
     async def astate(self) -> BreakerState:
         """Async twin of :attr:`state`."""
         shared = self._shared
         if shared is not None and shared.usable():
+            assert self._store is not None
             try:
-                reply = await shared.arun("breaker_acquire", self._keys, self._args("1"))
+                reply = await self._store.aacquire(peek=True)
             except StoreError as exc:
                 shared.failed(exc)
             else:
                 shared.succeeded()
-                state = _text(reply[5])
-                self._observe_remote(state, int(reply[2]))
-                return state  # type: ignore[return-value]
+                return self._observe_remote(reply.state)
         return self.local_state()
 
     def local_state(self) -> BreakerState:
@@ -629,25 +535,27 @@ class CircuitBreaker:
         self._admin_local(local)
         shared = self._shared
         if shared is not None and not shared.is_async:
+            assert self._store is not None
             try:
-                reply = shared.run(script, self._keys, self._admin_args())
+                state, _ = self._store.admin(script)
             except StoreError as exc:
                 shared.failed(exc)
                 raise
             shared.succeeded()
-            self._observe_remote(_text(reply[0]), int(reply[1]))
+            self._observe_remote(state)
 
     async def _aadmin(self, script: str, local: Callable[[float], None]) -> None:
         self._admin_local(local)
         shared = self._shared
         if shared is not None:
+            assert self._store is not None
             try:
-                reply = await shared.arun(script, self._keys, self._admin_args())
+                state, _ = await self._store.aadmin(script)
             except StoreError as exc:
                 shared.failed(exc)
                 raise
             shared.succeeded()
-            self._observe_remote(_text(reply[0]), int(reply[1]))
+            self._observe_remote(state)
 
     def _admin_local(self, local: Callable[[float], None]) -> None:
         now = self._clock.monotonic()
@@ -655,10 +563,6 @@ class CircuitBreaker:
             self._drain()
             local(now)
         self._note_local_change()
-
-    def _admin_args(self) -> list[Any]:
-        cfg = self._config
-        return [repr(2.0 * (cfg.window + cfg.open_for_max + cfg.probe_lease))]
 
     # -- events ----------------------------------------------------------------------
 
@@ -673,14 +577,14 @@ class CircuitBreaker:
         if old != new:
             self._emit(BreakerEvent(self.name, "state_change", old, new))
 
-    def _observe_remote(self, state: str, generation: int) -> None:
+    def _observe_remote(self, state: str) -> BreakerState:
         new: BreakerState = state  # type: ignore[assignment]
         with self._lock:
             old = self._last_state
-            if old == new:
-                return
             self._last_state = new
-        self._emit(BreakerEvent(self.name, "state_change", old, new, "shared"))
+        if old != new:
+            self._emit(BreakerEvent(self.name, "state_change", old, new, "shared"))
+        return new
 
     def _store_changed(self, available: bool, detail: str) -> None:
         state = self._last_state
@@ -708,7 +612,3 @@ def _coroutine_error(fn: Callable[..., Any]) -> TypeError:
         f"{fn!r} returned a coroutine: use `await breaker.acall(...)` or decorate the "
         "async function (an async call through the sync form would run unprotected)"
     )
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
