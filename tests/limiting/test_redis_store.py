@@ -196,6 +196,12 @@ async def test_async_hits_in_one_tick_share_a_round_trip(redis_url: str, key_pre
         assert 1 <= calls <= 4  # 200 hits in batches of at most 128
         keys = await store.client.keys(key_prefix + "*")
         await store.client.delete(*keys)
+    async with AsyncRedisStore(redis_url, prefix=key_prefix, max_batch=1) as store:
+        limiter = AsyncRateLimiter(TokenBucket(0.001, 5), store)
+        decisions = await asyncio.gather(*(limiter.hit("hot") for _ in range(20)))
+        assert sum(d.allowed for d in decisions) == 5
+        keys = await store.client.keys(key_prefix + "*")
+        await store.client.delete(*keys)
 
 
 async def test_async_store_decides_groups_in_one_call(redis_url: str, key_prefix: str) -> None:

@@ -246,7 +246,12 @@ class RedisStore(_RedisBase):
 
 
 class AsyncRedisStore(_RedisBase):
-    """Shared state in Redis for asyncio callers; same contract as :class:`RedisStore`."""
+    """Shared state in Redis for asyncio callers; same contract as :class:`RedisStore`.
+
+    Limiter hits issued in the same event-loop tick are sent as one EVALSHA of up to
+    ``max_batch`` requests (each still decided all or nothing); ``max_batch=1``
+    sends every hit on its own (needed if a proxy splits keys across cluster slots).
+    """
 
     __slots__ = ("_pending", "_tasks", "client", "max_batch")
 
@@ -258,6 +263,7 @@ class AsyncRedisStore(_RedisBase):
         socket_timeout: float = 0.25,
         connect_timeout: float = 0.25,
         instances: int = 1,
+        max_batch: int = 128,
         **redis_kwargs: Any,
     ) -> None:
         super().__init__(url, prefix, instances)
@@ -271,7 +277,9 @@ class AsyncRedisStore(_RedisBase):
             self.client: redis.asyncio.Redis = aredis.Redis.from_url(url, **kwargs)
         except ValueError as exc:
             raise ConfigError("url", str(exc)) from exc
-        self.max_batch = 128
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError("max_batch", f"must be an integer >= 1, got {max_batch!r}")
+        self.max_batch = max_batch
         self._pending: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 

@@ -7,6 +7,7 @@
 --          reset_after, retry_after, the last three as integer micro-units
 --          (remaining rounded down, waits rounded up; retry_after -1 = never).
 --   "release" / "renew": KEYS = key, aux; ARGV[2] = lease, ARGV[3] = lease seconds.
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME then writes (Redis < 5)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local stamp = t[1] .. '.' .. t[2]
