@@ -11,7 +11,10 @@
 #         action = call.after_failure(RetryFailure(...))   # or call.succeeded()
 #         if GiveUp: stop; else: clock.sleep(action.wait)
 #
-# so the sync and async twins are a dozen lines each.
+# so the sync and async twins are a dozen lines each. The async loops use the
+# twins (`count_request=False` + `await astart()`, `aadmit`, `aafter_failure`,
+# `arecord_permit`) so a breaker or budget shared through an AsyncRedisStore is
+# awaited instead of blocking the loop.
 from __future__ import annotations
 
 import logging
@@ -88,6 +91,7 @@ class RetryCall:
         rng: random.Random | None = None,
         hooks: tuple[RetryHook, ...] = (),
         started_at: float | None = None,
+        count_request: bool = True,
     ) -> None:
         self.policy = policy
         self.target = target
@@ -99,8 +103,18 @@ class RetryCall:
             started_at = self._clock.monotonic()
         self.state = RetryState(started_at=started_at)
         budget: _Budget | None = policy.budget
-        if budget is not None:
+        if budget is not None and count_request:
             budget.record_request()
+
+    async def astart(self) -> None:
+        """Count the first attempt in the budget (for calls made with count_request=False)."""
+        budget = self.policy.budget
+        if budget is not None:
+            arecord = getattr(budget, "arecord_request", None)
+            if arecord is not None:
+                await arecord()
+            else:
+                budget.record_request()
 
     @property
     def clock(self) -> Clock:
@@ -121,6 +135,14 @@ class RetryCall:
         breaker: _Breaker | None = self.policy.breaker
         return None if breaker is None else breaker.acquire()
 
+    async def aadmit(self) -> _Permit | None:
+        """Async twin of :meth:`admit` (awaits ``aacquire`` when the breaker has it)."""
+        breaker: _Breaker | None = self.policy.breaker
+        if breaker is None:
+            return None
+        aacquire = getattr(breaker, "aacquire", None)
+        return await aacquire() if aacquire is not None else breaker.acquire()
+
     def after_failure(self, failure: RetryFailure) -> Retry | GiveUp:
         """Decide what follows a failed attempt; a Retry is recorded and observed."""
         action = decide(
@@ -128,11 +150,28 @@ class RetryCall:
         )
         if isinstance(action, Retry):
             budget: _Budget | None = self.policy.budget
-            if budget is not None and not budget.try_retry():
-                action = GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
-            else:
-                self._observe(action, failure)
-                self.state = self.state.after_wait(action.wait)
+            return self._spend(action, failure, budget is None or budget.try_retry())
+        return action
+
+    async def aafter_failure(self, failure: RetryFailure) -> Retry | GiveUp:
+        """Async twin of :meth:`after_failure` (awaits ``atry_retry`` when the budget has it)."""
+        action = decide(
+            self.policy, self.state, failure, now=self._clock.monotonic(), rng=self._rng
+        )
+        if isinstance(action, Retry):
+            budget: _Budget | None = self.policy.budget
+            allowed = True
+            if budget is not None:
+                atry = getattr(budget, "atry_retry", None)
+                allowed = bool(await atry()) if atry is not None else budget.try_retry()
+            return self._spend(action, failure, allowed)
+        return action
+
+    def _spend(self, action: Retry, failure: RetryFailure, allowed: bool) -> Retry | GiveUp:
+        if not allowed:
+            return GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
+        self._observe(action, failure)
+        self.state = self.state.after_wait(action.wait)
         return action
 
     def circuit_open(self, exc: CircuitOpen) -> GiveUp:
@@ -167,6 +206,16 @@ def record_permit(permit: _Permit | None, *, failure: bool) -> None:
     """Report an attempt's outcome to the breaker permit, if there is one."""
     if permit is not None:
         permit.record(failure=failure)
+
+
+async def arecord_permit(permit: _Permit | None, *, failure: bool) -> None:
+    """Async twin of :func:`record_permit` (awaits ``arecord`` when the permit has it)."""
+    if permit is not None:
+        arecord = getattr(permit, "arecord", None)
+        if arecord is not None:
+            await arecord(failure=failure)
+        else:
+            permit.record(failure=failure)
 
 
 # One process-wide generator for jitter. Jitter needs no cryptographic quality;
