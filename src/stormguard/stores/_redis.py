@@ -121,7 +121,8 @@ class RedisStore(_RedisBase):
 
     ``socket_timeout`` and ``connect_timeout`` bound every call (seconds); redis-py's
     own retries are off. Extra keyword arguments go to ``redis.Redis.from_url``.
-    Every redis error surfaces as :class:`stormguard.StoreError`.
+    Every redis error surfaces as :class:`stormguard.StoreError`. Scripts run on one
+    connection per calling thread (``client`` keeps its own pool for other uses).
     """
 
     __slots__ = ("_conns", "_conns_lock", "_local", "_params", "client")
