@@ -59,12 +59,16 @@ def progress(label: str, total: float, *, enabled: bool | None = None) -> Iterat
         rich_progress.TimeElapsedColumn(),
         console=rich_console.Console(stderr=True),
         transient=False,
+        # No refresh thread: the bar redraws on each tick, so the process stays
+        # single-threaded and the occ sweep can fork its workers safely.
+        auto_refresh=False,
     )
     with bar:
         task = bar.add_task(label, total=total)
 
         def tick(units: float = 1.0) -> None:
             bar.advance(task, units)
+            bar.refresh()
 
         yield tick
 

@@ -362,10 +362,17 @@ def sweep(
                 tick(_cost(task) / total)
     else:
         import multiprocessing
+        import threading
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
+        # fork starts workers at once with numpy already imported, but forking a
+        # process that runs other threads can deadlock the child: then forkserver.
         methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else None)
+        if "fork" in methods and threading.active_count() == 1:
+            method: str | None = "fork"
+        else:
+            method = "forkserver" if "forkserver" in methods else None
+        context = multiprocessing.get_context(method)
         # The biggest configurations first, so no worker is left with one at the end.
         ordered = sorted(tasks, key=_cost, reverse=True)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
