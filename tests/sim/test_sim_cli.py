@@ -97,3 +97,12 @@ def test_stormguard_cli_loads_simulate() -> None:
     result = CliRunner().invoke(_build(), ["simulate", "--help"])
     assert result.exit_code == 0
     assert "occ" in result.output and "--seed" in result.output
+
+
+def test_impossible_layers_run_is_a_usage_error(tmp_path: Path) -> None:
+    """A layers run past the work limit ends with a usage error naming the cause."""
+    result = CliRunner().invoke(
+        simulate_command, ["layers", "--out", str(tmp_path), "--depth", "8", "--attempts", "10"]
+    )
+    assert result.exit_code == 2
+    assert "calls per request" in result.output

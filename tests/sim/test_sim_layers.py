@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from stormguard._errors import ConfigError
 from stormguard.sim import _layers
 
 CONFIG = _layers.LayersConfig(requests=300, rps=100.0)
@@ -47,6 +48,6 @@ def test_deep_every_layer_simulates_fewer_requests() -> None:
 
 
 def test_every_layer_beyond_the_work_limit_is_refused() -> None:
-    """Past WORK_LIMIT calls per request is a ValueError, not a minutes-long run."""
-    with pytest.raises(ValueError, match="calls per request"):
+    """Past WORK_LIMIT calls per request is a ConfigError, not a minutes-long run."""
+    with pytest.raises(ConfigError, match="calls per request"):
         _layers.run_policy("every-layer", 6, 10, CONFIG)

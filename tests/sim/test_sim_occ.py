@@ -10,6 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
+from stormguard._errors import ConfigError
 from stormguard.sim import _occ
 
 
@@ -119,6 +120,6 @@ def test_same_seed_same_rows_whatever_the_jobs() -> None:
 
 
 def test_unknown_strategy_is_rejected() -> None:
-    """A strategy outside the model is a ValueError naming the choices."""
-    with pytest.raises(ValueError, match="decorrelated"):
+    """A strategy outside the model is a ConfigError naming the choices."""
+    with pytest.raises(ConfigError, match="decorrelated"):
         _occ.library_backoff("linear")

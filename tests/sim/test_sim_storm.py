@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from stormguard._errors import ConfigError
 from stormguard.sim import _storm
 
 CONFIG = _storm.StormConfig(rps=1000.0, outage=3.0, outage_start=2.0, duration=8.0)
@@ -54,8 +55,8 @@ def test_collapse_keeps_unbudgeted_retries_down_and_budget_recovers() -> None:
 
 
 def test_unknown_server_is_rejected() -> None:
-    """A server model outside outage|capacity|collapse is a ValueError."""
-    with pytest.raises(ValueError, match="collapse"):
+    """A server model outside outage|capacity|collapse is a ConfigError."""
+    with pytest.raises(ConfigError, match="collapse"):
         _storm.StormConfig(server="meltdown")
 
 

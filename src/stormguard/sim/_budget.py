@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .._errors import ConfigError
 from ..core._backoff import FullJitter
 from ..core._breaker import BreakerCore
 from ..core._budget import RetryBudgetCore
@@ -55,10 +56,13 @@ class BudgetConfig:
     window: float = 10.0
 
     def __post_init__(self) -> None:
-        if not self.rate > 0 or not self.duration > 0 or self.retries < 0:
-            raise ValueError("rate and duration must be > 0, retries >= 0")
+        for name in ("rate", "duration"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)!r}")
+        if self.retries < 0:
+            raise ConfigError("retries", f"must be >= 0, got {self.retries!r}")
         if self.total_rps is not None and not self.total_rps > 0:
-            raise ValueError("total_rps must be > 0")
+            raise ConfigError("total_rps", "must be > 0")
 
     def client_rate(self, clients: int) -> float:
         """Calls per second of one client."""
@@ -84,7 +88,7 @@ def run_client(
 ) -> tuple[int, int, int]:
     """One client's whole run: (calls, calls that succeeded, attempts sent)."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown budget strategy {strategy!r}; expected one of {STRATEGIES}")
+        raise ConfigError("strategy", f"expected one of {STRATEGIES}, got {strategy!r}")
     retries = 0 if strategy == "none" else config.retries
     policy = RetryPolicy(attempts=retries + 1, backoff=FullJitter(config.base, config.cap))
     error = RetryFailure(retryable=True, reason="503 Service Unavailable")

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
-from .._errors import MissingExtra
+from .._errors import ConfigError, MissingExtra
 
 try:
     import click
@@ -203,7 +203,7 @@ def _checked(call: Callable[[], _T]) -> _T:
         return call()
     except MissingExtra as exc:
         raise click.ClickException(str(exc)) from exc
-    except ValueError as exc:
+    except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
 
 

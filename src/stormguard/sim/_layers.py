@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .._errors import ConfigError
 from ..core._budget import RetryBudgetCore
 
 __all__ = ["POLICIES", "LayersConfig", "LayersRow", "run", "run_policy"]
@@ -39,7 +40,7 @@ class LayersConfig:
 
     def __post_init__(self) -> None:
         if self.requests < 1 or not self.rps > 0:
-            raise ValueError("requests must be >= 1 and rps > 0")
+            raise ConfigError("requests/rps", "requests must be >= 1 and rps > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +56,9 @@ class LayersRow:
 def run_policy(policy: str, depth: int, attempts: int, config: LayersConfig) -> float:
     """Attempts reaching the bottom per top-level request."""
     if policy not in POLICIES:
-        raise ValueError(f"unknown layers policy {policy!r}; expected one of {POLICIES}")
+        raise ConfigError("policy", f"expected one of {POLICIES}, got {policy!r}")
     if depth < 1 or attempts < 1:
-        raise ValueError("depth and attempts must be >= 1")
+        raise ConfigError("depth/attempts", "must be >= 1")
     budgets = (
         [
             RetryBudgetCore(
@@ -91,9 +92,10 @@ def run_policy(policy: str, depth: int, attempts: int, config: LayersConfig) -> 
     if policy == "every-layer":
         per_request = attempts**depth
         if per_request > WORK_LIMIT:
-            raise ValueError(
+            raise ConfigError(
+                "depth/attempts",
                 f"every-layer would send {per_request:,} calls per request "
-                f"(attempts**depth); the simulator stops at {WORK_LIMIT:,}"
+                f"(attempts**depth); the simulator stops at {WORK_LIMIT:,}",
             )
         requests = max(1, min(requests, WORK_LIMIT // per_request))
     for request in range(requests):

@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import ConfigError
 from ..core._backoff import (
     Backoff,
     DecorrelatedJitter,
@@ -105,7 +106,7 @@ def library_backoff(strategy: str) -> Backoff:
         return EqualJitter(BASE, CAP)
     if strategy == "decorrelated":
         return DecorrelatedJitter(BASE, CAP)
-    raise ValueError(f"unknown occ strategy {strategy!r}; expected one of {STRATEGIES}")
+    raise ConfigError("strategy", f"expected one of {STRATEGIES}, got {strategy!r}")
 
 
 def sleep_draws(strategy: str, attempt: Any, previous: Any, uniform: Any) -> Any:
@@ -130,7 +131,7 @@ def sleep_draws(strategy: str, attempt: Any, previous: Any, uniform: Any) -> Any
     if strategy == "equal":
         half = ceiling / 2.0
         return half + (half - 0.0) * uniform
-    raise ValueError(f"unknown occ strategy {strategy!r}; expected one of {STRATEGIES}")
+    raise ConfigError("strategy", f"expected one of {STRATEGIES}, got {strategy!r}")
 
 
 # -- the reference engine: a plain heapq of messages ------------------------------

@@ -39,6 +39,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._errors import ConfigError
 from ..core._backoff import Backoff, Exponential, FullJitter, NoBackoff
 from ..core._budget import RetryBudgetCore
 from ..core._limiters import TokenBucket
@@ -73,9 +74,13 @@ class StormConfig:
 
     def __post_init__(self) -> None:
         if self.server not in SERVERS:
-            raise ValueError(f"server: expected one of {SERVERS}, got {self.server!r}")
-        if not self.rps > 0 or not self.duration > 0 or self.outage < 0 or self.retries < 0:
-            raise ValueError("rps and duration must be > 0, outage and retries >= 0")
+            raise ConfigError("server", f"expected one of {SERVERS}, got {self.server!r}")
+        for name in ("rps", "duration"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)!r}")
+        for name in ("outage", "outage_start", "retries"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)!r}")
 
     @property
     def server_capacity(self) -> float:
@@ -111,7 +116,7 @@ def backoff_for(strategy: str, config: StormConfig) -> Backoff:
         return Exponential(config.base, config.cap)
     if strategy in ("full", "full+budget"):
         return FullJitter(config.base, config.cap)
-    raise ValueError(f"unknown storm strategy {strategy!r}; expected one of {STRATEGIES}")
+    raise ConfigError("strategy", f"expected one of {STRATEGIES}, got {strategy!r}")
 
 
 class _Server:
