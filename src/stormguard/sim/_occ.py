@@ -32,7 +32,7 @@
 # Two engines, one model
 # ----------------------
 # `run_events` is the straightforward event loop: a heapq of messages (read
-# arrives, read reply, write arrives, write reply, wake-up), one client at a time.
+# arrives, read reply, write arrives, write reply, wake-up), one event at a time.
 # It is the reference, and the baseline in bench/bench_sim.py.
 #
 # `run_batch` is the fast engine. Only writes decide anything: a read at server
@@ -45,10 +45,13 @@
 # w order: the first write whose read came after the last success succeeds (its
 # read is after every earlier success, since each read precedes its own write),
 # that success becomes the last one, and so on; every other write in the batch
-# fails. A batch holds most of the fleet under contention, so a run of 8,000
-# writes takes ~100 rounds of array operations, over 100 runs side by side
-# (arrays of runs x clients). Configurations run in parallel worker processes,
-# each with its own seed stream, so results do not depend on the worker count.
+# fails. A batch holds most of the fleet under contention: 190 clients without
+# backoff (8,000 writes a run) take about 100 rounds of array operations, over
+# 100 runs side by side (arrays of runs x clients, the finished clients' columns
+# dropped as the fleet shrinks). tests/sim/test_sim_occ.py replays the decided
+# writes one by one in time order and checks every verdict. Configurations run
+# in parallel worker processes, each with its own seed stream, so results do not
+# depend on the worker count.
 from __future__ import annotations
 
 import heapq
