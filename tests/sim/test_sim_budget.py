@@ -82,3 +82,25 @@ def test_total_rps_spreads_fixed_traffic_over_clients() -> None:
     expected = 200.0 * 10.0
     assert few == pytest.approx(expected, abs=5 * math.sqrt(expected))
     assert many == pytest.approx(expected, abs=5 * math.sqrt(expected))
+
+
+@pytest.mark.parametrize("clients", [10, 500])
+def test_budget_bound_holds_per_client_with_fixed_total_traffic(clients: int) -> None:
+    """With total_rps fixed, each client's reserve adds to the bound; the bound holds."""
+    config = _budget.BudgetConfig(total_rps=500.0, duration=20.0)
+    (row,) = _budget.run(config, [clients], [1.0], seed=3, strategies=["budget"])
+    calls_per_client = row.calls / clients
+    windows = config.duration / config.window + 1
+    reserve = config.min_per_second * config.window * windows / calls_per_client
+    assert row.load <= 1 / (1 - config.ratio) + reserve
+
+
+def test_many_small_clients_let_more_retries_through() -> None:
+    """The same traffic split over 50x more clients sends more retries at 100 % failure."""
+    config = _budget.BudgetConfig(total_rps=500.0, duration=20.0)
+    few, many = (
+        _budget.run(config, [n], [1.0], seed=3, strategies=["budget"])[0].load for n in (10, 500)
+    )
+    # 500 clients of 1 call/s: each reserve (10 per window) covers most of the 3
+    # retries its 10 calls per window want; 10 clients of 50 calls/s: ratio rules.
+    assert many > few + 0.5
