@@ -149,6 +149,12 @@ class RetryCall:
             self.policy, self.state, failure, now=self._clock.monotonic(), rng=self._rng
         )
         if isinstance(action, Retry):
+            breaker = self.policy.breaker
+            peek = getattr(breaker, "open_remaining", None)
+            if peek is not None:
+                refused = self._refused(action, peek())
+                if refused is not None:
+                    return refused
             budget: _Budget | None = self.policy.budget
             return self._spend(action, failure, budget is None or budget.try_retry())
         return action
@@ -159,6 +165,12 @@ class RetryCall:
             self.policy, self.state, failure, now=self._clock.monotonic(), rng=self._rng
         )
         if isinstance(action, Retry):
+            breaker = self.policy.breaker
+            apeek = getattr(breaker, "aopen_remaining", None)
+            if apeek is not None:
+                refused = self._refused(action, await apeek())
+                if refused is not None:
+                    return refused
             budget: _Budget | None = self.policy.budget
             allowed = True
             if budget is not None:
@@ -166,6 +178,14 @@ class RetryCall:
                 allowed = bool(await atry()) if atry is not None else budget.try_retry()
             return self._spend(action, failure, allowed)
         return action
+
+    @staticmethod
+    def _refused(action: Retry, open_for: float) -> GiveUp | None:
+        # The breaker stays open past the wait: the retry would be refused, so the
+        # call ends now with reason "circuit open" (and the breaker's time as hint).
+        if open_for > action.wait:
+            return GiveUp(GiveUpReason.CIRCUIT_OPEN, open_for)
+        return None
 
     def _spend(self, action: Retry, failure: RetryFailure, allowed: bool) -> Retry | GiveUp:
         if not allowed:

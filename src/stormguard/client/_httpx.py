@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..core._outcome import Failure
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ._driver import RetryCall, RetryHook, record_permit
+from ..protection._origin import OriginGuard, OriginGuards, guards_for
+from ._driver import RetryCall, RetryHook, arecord_permit, record_permit
 from ._http import (
     IDEMPOTENCY_KEY,
     KEYED_METHODS,
@@ -58,9 +60,11 @@ def _body_if_read(response: httpx.Response) -> bytes | None:
 class _Attempt:
     """Per-logical-request facts the loops need: method, key, replayable body."""
 
-    __slots__ = ("call", "has_key", "method", "replayable")
+    __slots__ = ("call", "guard", "has_key", "method", "replayable")
 
-    def __init__(self, transport: RetryTransport, request: httpx.Request) -> None:
+    def __init__(
+        self, transport: RetryTransport, request: httpx.Request, *, is_async: bool = False
+    ) -> None:
         self.method = request.method.upper()
         if (
             transport.idempotency_keys
@@ -72,13 +76,62 @@ class _Attempt:
         # Bodies given as bytes/str/json/form are held in a ByteStream and can be
         # sent again; a generator or file stream is one-shot and is never retried.
         self.replayable = isinstance(request.stream, httpx.ByteStream)
+        # Per-origin protection: the origin's breaker and budget join the policy.
+        guards = transport.guards
+        self.guard: OriginGuard | None = (
+            guards.for_url(str(request.url)) if guards.enabled else None
+        )
+        policy = transport.policy if self.guard is None else self.guard.policy(transport.policy)
         self.call = RetryCall(
-            transport.policy,
+            policy,
             target=describe(self.method, str(request.url)),
             clock=transport.clock,
             rng=transport.rng,
             hooks=transport.hooks,
+            count_request=not is_async,  # the async loop awaits call.astart()
         )
+
+    def _limit(self) -> float:
+        return max(0.0, min(self.call.remaining(), self.call.policy.max_wait_s))
+
+    def pace(self) -> float:
+        """The origin's cooldown and pacing wait; RateLimited if it would pass the deadline."""
+        return 0.0 if self.guard is None else self.guard.wait_before(self._limit())
+
+    async def apace(self) -> float:
+        """Async twin of :meth:`pace`."""
+        return 0.0 if self.guard is None else await self.guard.await_before(self._limit())
+
+    def slot(self) -> contextlib.AbstractContextManager[None]:
+        """The origin's bulkhead slot for one attempt (waits at most the deadline)."""
+        if self.guard is None:
+            return contextlib.nullcontext()
+        return self.guard.slot(max(0.0, self.call.remaining()))
+
+    def aslot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Async twin of :meth:`slot`."""
+        if self.guard is None:
+            return contextlib.nullcontext()
+        return self.guard.aslot(max(0.0, self.call.remaining()))
+
+    def server_failed(self, response: httpx.Response, failure: RetryFailure | None) -> bool:
+        """For the breaker: 5xx count, 4xx do not (a hinted 429/503 goes to the cooldown)."""
+        if self.guard is None:
+            return response.status_code >= 500
+        hint = failure.hint if failure is not None else None
+        return self.guard.server_failed(response.status_code, hint)
+
+    def observe(self, response: httpx.Response, failure: RetryFailure | None) -> None:
+        """Feed the origin's cooldown (429/503 hints) and pacing (quota headers)."""
+        if self.guard is not None:
+            hint = failure.hint if failure is not None else None
+            self.guard.observe(response.status_code, response.headers.multi_items(), hint)
+
+    async def aobserve(self, response: httpx.Response, failure: RetryFailure | None) -> None:
+        """Async twin of :meth:`observe`."""
+        if self.guard is not None:
+            hint = failure.hint if failure is not None else None
+            await self.guard.aobserve(response.status_code, response.headers.multi_items(), hint)
 
     def cap_timeouts(self, request: httpx.Request) -> None:
         """No attempt may outlive the call's deadline."""
@@ -134,6 +187,20 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     call stops, the last response is returned as it is (its status tells the
     caller what happened); the last transport error is raised as it is.
     ``on_retry`` hooks receive a :class:`stormguard.RetryRecord` per retry.
+
+    Per-origin protection, each on by default and off with ``False`` (or given a
+    mapping of settings, or a ready object to share): ``breaker`` (a
+    :class:`stormguard.CircuitBreaker` per origin; 5xx and transport errors count,
+    4xx do not; refusals raise :class:`stormguard.CircuitOpen`), ``budget`` (a
+    :class:`stormguard.RetryBudget` per origin; when spent the call ends with the
+    last response), ``bulkhead`` (100 concurrent requests per origin, waiting at
+    most the deadline; else :class:`stormguard.BulkheadFull`), ``cooldown`` (a 429
+    or 503 with a wait hint pauses the whole origin; a request whose deadline ends
+    first raises :class:`stormguard.RateLimited`) and ``pacing`` (the last 10 % of
+    a quota is spread until its reset). ``store=RedisStore(url)`` shares breakers,
+    budgets and cooldowns across processes; ``guards=`` shares one
+    :class:`stormguard.protection.OriginGuards` between clients (by default each
+    transport has its own, shared by every thread and task using it).
     """
 
     def __init__(
@@ -145,6 +212,13 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        breaker: Any = True,
+        budget: Any = True,
+        bulkhead: Any = True,
+        cooldown: Any = True,
+        pacing: Any = True,
+        store: Any = None,
+        guards: OriginGuards | None = None,
     ) -> None:
         self._inner = transport
         self._sync_inner: httpx.BaseTransport | None = None
@@ -154,6 +228,17 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
         self.rng = rng
+        self.guards = guards_for(
+            guards=guards,
+            breaker=breaker,
+            budget=budget,
+            bulkhead=bulkhead,
+            cooldown=cooldown,
+            pacing=pacing,
+            store=store,
+            clock=clock,
+            rng=rng,
+        )
 
     # -- delegation -------------------------------------------------------------
 
@@ -195,50 +280,61 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         inner = self._sync()
         attempt = _Attempt(self, request)
         while True:
-            permit = attempt.call.admit()
-            attempt.cap_timeouts(request)
-            try:
-                response = inner.handle_request(request)
-            except Exception as exc:
-                failure = attempt.on_error(exc)
-                record_permit(permit, failure=failure is not None)
-                wait = _next_wait(attempt, failure, exc)
-                assert wait is not None  # _next_wait raises exc instead of None
-            else:
-                if attempt.wants_body(response):
-                    with contextlib.suppress(httpx.HTTPError):
-                        response.read()
-                failure = attempt.on_response(response)
-                record_permit(permit, failure=response.status_code >= 500)
-                wait = _next_wait(attempt, failure, None)
-                if wait is None:
-                    return response
-                response.close()
+            first = attempt.pace()  # the origin's cooldown and pacing
+            if first:
+                self.clock.sleep(first)
+            with attempt.slot():  # the origin's bulkhead
+                permit = attempt.call.admit()
+                attempt.cap_timeouts(request)
+                try:
+                    response = inner.handle_request(request)
+                except Exception as exc:
+                    failure = attempt.on_error(exc)
+                    record_permit(permit, failure=failure is not None)
+                    wait = _next_wait(attempt, failure, exc)
+                    assert wait is not None  # _next_wait raises exc instead of None
+                else:
+                    if attempt.wants_body(response):
+                        with contextlib.suppress(httpx.HTTPError):
+                            response.read()
+                    failure = attempt.on_response(response)
+                    attempt.observe(response, failure)
+                    record_permit(permit, failure=attempt.server_failed(response, failure))
+                    wait = _next_wait(attempt, failure, None)
+                    if wait is None:
+                        return response
+                    response.close()
             self.clock.sleep(wait)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._async()
-        attempt = _Attempt(self, request)
+        attempt = _Attempt(self, request, is_async=True)
+        await attempt.call.astart()
         while True:
-            permit = attempt.call.admit()
-            attempt.cap_timeouts(request)
-            try:
-                response = await inner.handle_async_request(request)
-            except Exception as exc:
-                failure = attempt.on_error(exc)
-                record_permit(permit, failure=failure is not None)
-                wait = _next_wait(attempt, failure, exc)
-                assert wait is not None  # _next_wait raises exc instead of None
-            else:
-                if attempt.wants_body(response):
-                    with contextlib.suppress(httpx.HTTPError):
-                        await response.aread()
-                failure = attempt.on_response(response)
-                record_permit(permit, failure=response.status_code >= 500)
-                wait = _next_wait(attempt, failure, None)
-                if wait is None:
-                    return response
-                await response.aclose()
+            first = await attempt.apace()
+            if first:
+                await self.clock.asleep(first)
+            async with attempt.aslot():
+                permit = await attempt.call.aadmit()
+                attempt.cap_timeouts(request)
+                try:
+                    response = await inner.handle_async_request(request)
+                except Exception as exc:
+                    failure = attempt.on_error(exc)
+                    await arecord_permit(permit, failure=failure is not None)
+                    wait = await _anext_wait(attempt, failure, exc)
+                    assert wait is not None  # _anext_wait raises exc instead of None
+                else:
+                    if attempt.wants_body(response):
+                        with contextlib.suppress(httpx.HTTPError):
+                            await response.aread()
+                    failure = attempt.on_response(response)
+                    await attempt.aobserve(response, failure)
+                    await arecord_permit(permit, failure=attempt.server_failed(response, failure))
+                    wait = await _anext_wait(attempt, failure, None)
+                    if wait is None:
+                        return response
+                    await response.aclose()
             await self.clock.asleep(wait)
 
 
@@ -251,6 +347,22 @@ def _next_wait(
             raise exc
         return None
     action = attempt.call.after_failure(failure)
+    if isinstance(action, GiveUp):
+        if exc is not None:
+            raise exc
+        return None
+    return action.wait
+
+
+async def _anext_wait(
+    attempt: _Attempt, failure: RetryFailure | None, exc: Exception | None
+) -> float | None:
+    """Async twin of :func:`_next_wait` (awaits a shared budget)."""
+    if failure is None:
+        if exc is not None:
+            raise exc
+        return None
+    action = await attempt.call.aafter_failure(failure)
     if isinstance(action, GiveUp):
         if exc is not None:
             raise exc

@@ -3,6 +3,7 @@
 # exactly one component decides; each attempt is delegated to HTTPAdapter.send.
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,7 +18,8 @@ from urllib3.exceptions import (
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..core._outcome import Failure
-from ..core._policy import GiveUp, RetryPolicy
+from ..core._policy import GiveUp, RetryFailure, RetryPolicy
+from ..protection._origin import OriginGuard, OriginGuards, guards_for
 from ._driver import RetryCall, RetryHook, record_permit
 from ._http import (
     IDEMPOTENCY_KEY,
@@ -65,6 +67,9 @@ class RetryAdapter(HTTPAdapter):
     Same rules and keywords as :class:`stormguard.httpx.RetryTransport`; the
     remaining ``HTTPAdapter`` keywords (``pool_connections``, ``pool_maxsize``…)
     are passed through. ``max_retries`` is fixed at 0: stormguard decides.
+    Per-origin protection takes the same keywords (``breaker``, ``budget``,
+    ``bulkhead``, ``cooldown``, ``pacing``, ``store``, ``guards``), each on by
+    default and off with ``False``.
     """
 
     def __init__(
@@ -75,6 +80,13 @@ class RetryAdapter(HTTPAdapter):
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        breaker: Any = True,
+        budget: Any = True,
+        bulkhead: Any = True,
+        cooldown: Any = True,
+        pacing: Any = True,
+        store: Any = None,
+        guards: OriginGuards | None = None,
         **adapter_kwargs: Any,
     ) -> None:
         if "max_retries" in adapter_kwargs:
@@ -85,6 +97,17 @@ class RetryAdapter(HTTPAdapter):
         self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
         self.rng = rng
+        self.guards = guards_for(
+            guards=guards,
+            breaker=breaker,
+            budget=budget,
+            bulkhead=bulkhead,
+            cooldown=cooldown,
+            pacing=pacing,
+            store=store,
+            clock=clock,
+            rng=rng,
+        )
 
     def send(
         self,
@@ -104,51 +127,83 @@ class RetryAdapter(HTTPAdapter):
             request.headers[IDEMPOTENCY_KEY] = new_idempotency_key()
         has_key = IDEMPOTENCY_KEY in request.headers
         replayable = _replayable(request.body)
+        # Per-origin protection: the origin's breaker and budget join the policy.
+        guard = self.guards.for_url(request.url or "") if self.guards.enabled else None
+        policy = self.policy if guard is None else guard.policy(self.policy)
         call = RetryCall(
-            self.policy,
+            policy,
             target=describe(method, request.url or ""),
             clock=self.clock,
             rng=self.rng,
             hooks=self.hooks,
         )
         while True:
-            permit = call.admit()
-            capped = _cap_timeout(timeout, call.remaining())
-            try:
-                response = super().send(request, stream, capped, verify, cert, proxies)
-            except Exception as exc:
-                kind = _failure_kind(exc)
-                record_permit(permit, failure=kind is not Failure.FINAL)
-                if kind is Failure.FINAL:
-                    raise
-                failure = error_failure(kind, exc, method=method, has_key=has_key)
-                if not replayable:
-                    raise
-                action = call.after_failure(failure)
-                if isinstance(action, GiveUp):
-                    raise
-            else:
-                record_permit(permit, failure=response.status_code >= 500)
-                small = body_worth_reading(
-                    response.status_code, response.headers.get("content-length")
-                )
-                maybe = response_failure(
-                    self.policy,
-                    response.status_code,
-                    response.headers.items(),
-                    method=method,
-                    has_key=has_key,
-                    wall_now=self.clock.time(),
-                    body=response.content if small else None,
-                    content_type=response.headers.get("content-type"),
-                )
-                if maybe is None or not replayable:
-                    return response
-                action = call.after_failure(maybe)
-                if isinstance(action, GiveUp):
-                    return response
-                response.close()
+            if guard is not None:  # the origin's cooldown and pacing
+                first = guard.wait_before(max(0.0, min(call.remaining(), policy.max_wait_s)))
+                if first:
+                    self.clock.sleep(first)
+            with _slot(guard, call):  # the origin's bulkhead
+                permit = call.admit()
+                capped = _cap_timeout(timeout, call.remaining())
+                try:
+                    response = super().send(request, stream, capped, verify, cert, proxies)
+                except Exception as exc:
+                    kind = _failure_kind(exc)
+                    record_permit(permit, failure=kind is not Failure.FINAL)
+                    if kind is Failure.FINAL:
+                        raise
+                    failure = error_failure(kind, exc, method=method, has_key=has_key)
+                    if not replayable:
+                        raise
+                    action = call.after_failure(failure)
+                    if isinstance(action, GiveUp):
+                        raise
+                else:
+                    small = body_worth_reading(
+                        response.status_code, response.headers.get("content-length")
+                    )
+                    maybe = response_failure(
+                        policy,
+                        response.status_code,
+                        response.headers.items(),
+                        method=method,
+                        has_key=has_key,
+                        wall_now=self.clock.time(),
+                        body=response.content if small else None,
+                        content_type=response.headers.get("content-type"),
+                    )
+                    _observe(guard, response, maybe)
+                    record_permit(permit, failure=_server_failed(guard, response, maybe))
+                    if maybe is None or not replayable:
+                        return response
+                    action = call.after_failure(maybe)
+                    if isinstance(action, GiveUp):
+                        return response
+                    response.close()
             self.clock.sleep(action.wait)
+
+
+def _slot(guard: OriginGuard | None, call: RetryCall) -> contextlib.AbstractContextManager[None]:
+    if guard is None:
+        return contextlib.nullcontext()
+    return guard.slot(max(0.0, call.remaining()))
+
+
+def _observe(
+    guard: OriginGuard | None, response: requests.Response, failure: RetryFailure | None
+) -> None:
+    if guard is not None:
+        hint = failure.hint if failure is not None else None
+        guard.observe(response.status_code, response.headers.items(), hint)
+
+
+def _server_failed(
+    guard: OriginGuard | None, response: requests.Response, failure: RetryFailure | None
+) -> bool:
+    # For the breaker: 5xx count, 4xx do not; a hinted 429/503 goes to the cooldown.
+    if guard is None:
+        return response.status_code >= 500
+    return guard.server_failed(response.status_code, failure.hint if failure else None)
 
 
 def _cap_timeout(

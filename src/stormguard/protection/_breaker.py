@@ -499,6 +499,52 @@ class CircuitBreaker:
                 return self._observe_remote(reply.state)
         return self.local_state()
 
+    def open_remaining(self) -> float:
+        """Seconds until an open breaker half-opens (0.0 when closed or half-open).
+
+        A retry loop asks this before sleeping: when the breaker stays open longer
+        than the wait, the call ends now ("circuit open") instead of sleeping into
+        a refusal.
+        """
+        shared = self._shared
+        if shared is None:
+            if self._core.closed_admission is not None:
+                return 0.0  # closed: one atomic read, no lock
+        elif not shared.is_async and shared.usable():
+            assert self._store is not None
+            try:
+                reply = self._store.acquire(peek=True)
+            except StoreError as exc:
+                shared.failed(exc)
+            else:
+                shared.succeeded()
+                return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
+        return self._local_remaining()
+
+    async def aopen_remaining(self) -> float:
+        """Async twin of :meth:`open_remaining`."""
+        shared = self._shared
+        if shared is not None and shared.usable():
+            assert self._store is not None
+            try:
+                reply = await self._store.aacquire(peek=True)
+            except StoreError as exc:
+                shared.failed(exc)
+            else:
+                shared.succeeded()
+                return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
+        return self._local_remaining()
+
+    def _local_remaining(self) -> float:
+        now = self._monotonic()
+        with self._lock:
+            self._drain()
+            remaining = self._core.remaining(now)
+            changed = self._core.generation != self._last_gen
+        if changed:
+            self._note_local_change()
+        return remaining
+
     def local_state(self) -> BreakerState:
         """The state of this process's own core (what it decides by when degraded)."""
         now = self._clock.monotonic()

@@ -30,19 +30,17 @@ from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
 from ._pacer import Pacer
 
-__all__ = [
-    "OriginGuard",
-    "OriginGuards",
-    "default_guards",
-    "guards_for",
-    "origin_of",
-    "reset_default_guards",
-]
+__all__ = ["OriginGuard", "OriginGuards", "guards_for", "origin_of"]
 
 # Statuses whose wait hint pauses the whole origin.
 COOLDOWN_STATUSES = frozenset({429, 503})
+COOLDOWN_SPREAD = 0.25  # resumptions spread over [pause, 1.25 x pause]
 _MAX_ORIGINS = 1024
+_RNG = random.Random()
 _DEFAULT_BULKHEAD = {"limit": 100, "max_wait": 60.0}
+# An HTTP client's breaker judges on at least 20 calls (a flaky-but-up API at
+# 30 % errors should not trip it by the luck of the first ten).
+_DEFAULT_BREAKER = {"min_calls": 20}
 
 
 def origin_of(url: str) -> str:
@@ -82,6 +80,7 @@ class OriginGuard:
         "_cooldown",
         "_pacer",
         "_policy_cache",
+        "_rng",
         "breaker",
         "budget",
         "bulkhead",
@@ -98,9 +97,11 @@ class OriginGuard:
         cooldown: Cooldown | None,
         pacer: Pacer | None,
         clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
     ) -> None:
         self.origin = origin
         self._clock = clock
+        self._rng = rng or _RNG
         self.breaker = breaker
         self.budget = budget
         self.bulkhead = bulkhead
@@ -144,6 +145,11 @@ class OriginGuard:
     def _pace(self, wait: float, limit: float) -> float:
         if wait > limit:
             raise RateLimited(wait, f"{self.origin} is cooling down for {wait:.3f}s")
+        if wait:
+            # Everyone paused by one hint would wake at the same instant: spread the
+            # resumption over the last quarter-again of the pause (a herd that
+            # starts together fails together), without passing the limit.
+            wait = min(limit, wait * (1.0 + COOLDOWN_SPREAD * self._rng.random()))
         if self._pacer is not None:
             paced = self._pacer.reserve(self.origin, limit=limit)
             if paced > limit:
@@ -180,6 +186,18 @@ class OriginGuard:
             await self._cooldown.apause(self.origin, hint)
         if self._pacer is not None:
             self._pacer.observe(self.origin, headers)
+
+    def server_failed(self, status: int, hint: float | None) -> bool:
+        """Whether a response counts as a failure for this origin's breaker.
+
+        5xx count, 4xx do not. A 429 or 503 that carries a wait hint is the server
+        managing its load and saying when to come back: the cooldown honours it,
+        and it does not also count against the breaker (which would open the
+        circuit on a server that is up and pacing its clients).
+        """
+        if status < 500:
+            return False
+        return not (hint and self._cooldown is not None and status in COOLDOWN_STATUSES)
 
     def cooldown_remaining(self) -> float:
         """Seconds this origin stays paused (0.0 when not, or without a cooldown)."""
@@ -256,6 +274,8 @@ class OriginGuards:
         self._rng = rng
         self._store = store
         self._breaker = _settings(breaker, "breaker", CircuitBreaker)
+        if isinstance(self._breaker, dict):
+            self._breaker = {**_DEFAULT_BREAKER, **self._breaker}
         self._budget = _settings(budget, "budget", RetryBudget)
         bulk = _settings(bulkhead, "bulkhead", Bulkhead)
         if isinstance(bulk, dict):
@@ -325,34 +345,8 @@ class OriginGuards:
             cooldown=self._cooldown,
             pacer=self._pacer,
             clock=self._clock,
+            rng=self._rng,
         )
-
-
-_DEFAULT: OriginGuards | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_guards() -> OriginGuards:
-    """The process-wide guards with default settings, shared by every HTTP client.
-
-    One breaker, budget and bulkhead per origin for the whole process: two clients
-    talking to the same API share them, as they share the API's capacity.
-    """
-    global _DEFAULT
-    guards = _DEFAULT
-    if guards is None:
-        with _DEFAULT_LOCK:
-            if _DEFAULT is None:
-                _DEFAULT = OriginGuards()
-            guards = _DEFAULT
-    return guards
-
-
-def reset_default_guards() -> None:
-    """Forget the process-wide guards (tests call this between cases)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        _DEFAULT = None
 
 
 def guards_for(
@@ -369,15 +363,14 @@ def guards_for(
 ) -> OriginGuards:
     """What an adapter's protection keywords resolve to.
 
-    ``guards`` wins when given (share one registry between clients on purpose).
-    All defaults (and the system clock) give the process-wide :func:`default_guards`;
-    anything else gives the adapter its own registry.
+    ``guards`` wins when given: pass one :class:`OriginGuards` to several clients
+    to share their breakers, budgets and cooldowns. Otherwise each adapter gets
+    its own registry, shared by every thread and task using that client (the
+    usual one long-lived client per application); ``store`` shares further, with
+    every process.
     """
     if guards is not None:
         return guards
-    settings = (breaker, budget, bulkhead, cooldown, pacing)
-    if all(value is True for value in settings) and store is None and clock in (None, SYSTEM_CLOCK):
-        return default_guards()
     return OriginGuards(
         breaker=breaker,
         budget=budget,
