@@ -434,3 +434,28 @@ def test_rng_seeded_jitter_is_reproducible(store: RedisStore) -> None:
         remaining.append(info.value.remaining)
     assert 5.0 <= remaining[0] <= 10.0
     assert remaining[0] == pytest.approx(remaining[1], abs=0.05)
+
+
+async def test_async_retry_awaits_an_async_store(redis_url: str, key_prefix: str) -> None:
+    """@retry on a coroutine awaits a breaker and budget shared through AsyncRedisStore."""
+    import stormguard
+
+    store = AsyncRedisStore(redis_url, prefix=key_prefix)
+    breaker = shared_breaker(store, min_calls=2, open_for=30.0)
+    budget = RetryBudget(ratio=0.0, min_per_second=1, window=10.0, store=store, name="api")
+    calls = 0
+
+    @stormguard.retry(
+        on=Boom, attempts=5, breaker=breaker, budget=budget, backoff=stormguard.NoBackoff()
+    )
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        raise Boom
+
+    with pytest.raises(stormguard.RetryError) as info:
+        await flaky()
+    assert info.value.reason == "circuit open"
+    assert calls == 2
+    assert await breaker.astate() == "open"
+    await store.aclose()

@@ -19,7 +19,7 @@ from ..core._body_hints import wait_hint_from_body
 from ..core._headers import wait_hint
 from ..core._outcome import DEFAULT_RETRY_STATUSES, Verdict, classify_status
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ._driver import RetryCall, RetryHook, record_permit
+from ._driver import RetryCall, RetryHook, arecord_permit, record_permit
 from ._http import BODY_HINT_STATUSES
 
 __all__ = ["retry"]
@@ -230,9 +230,15 @@ def retry(
     def decorate(func: Callable[P, T]) -> Callable[P, T]:
         target = getattr(func, "__qualname__", repr(func))
 
-        def new_call(started: float) -> RetryCall:
+        def new_call(started: float, count_request: bool = True) -> RetryCall:
             return RetryCall(
-                resolved, target=target, clock=the_clock, rng=rng, hooks=hooks, started_at=started
+                resolved,
+                target=target,
+                clock=the_clock,
+                rng=rng,
+                hooks=hooks,
+                started_at=started,
+                count_request=count_request,
             )
 
         if inspect.iscoroutinefunction(func):
@@ -248,15 +254,18 @@ def retry(
                         call = new_call(started)
                         await the_clock.asleep(after_exception(call, judge, None, exc))
                 else:
-                    call = new_call(started)
+                    # The async twins await a breaker or budget shared through an
+                    # AsyncRedisStore instead of blocking the loop.
+                    call = new_call(started, count_request=False)
+                    await call.astart()
                 while True:
-                    permit = admit(call)
+                    permit = await aadmit(call)
                     try:
                         result = await afunc(*args, **kwargs)
                     except Exception as exc:
-                        await the_clock.asleep(after_exception(call, judge, permit, exc))
+                        await the_clock.asleep(await aafter_exception(call, judge, permit, exc))
                     else:
-                        record_permit(permit, failure=False)
+                        await arecord_permit(permit, failure=False)
                         return result
 
             return async_wrapper  # type: ignore[return-value]
@@ -302,6 +311,39 @@ def admit(call: RetryCall) -> Any:
             last_exception=call.last_exception,
             hint=give_up.hint,
         ) from refused
+
+
+async def aadmit(call: RetryCall) -> Any:
+    """Async twin of :func:`admit`."""
+    try:
+        return await call.aadmit()
+    except CircuitOpen as refused:
+        if call.attempts == 1:
+            raise
+        give_up = call.circuit_open(refused)
+        raise RetryError(
+            give_up.reason,
+            attempts=call.attempts - 1,
+            last_exception=call.last_exception,
+            hint=give_up.hint,
+        ) from refused
+
+
+async def aafter_exception(call: RetryCall, judge: _Judge, permit: Any, exc: Exception) -> float:
+    """Async twin of :func:`after_exception`."""
+    judged = judge(exc)
+    call.last_exception = exc
+    if judged is None:
+        await arecord_permit(permit, failure=False)
+        raise exc
+    failure, against_server = judged
+    await arecord_permit(permit, failure=against_server)
+    action = await call.aafter_failure(failure)
+    if isinstance(action, GiveUp):
+        raise RetryError(
+            action.reason, attempts=call.attempts, last_exception=exc, hint=action.hint
+        ) from exc
+    return action.wait
 
 
 def after_exception(call: RetryCall, judge: _Judge, permit: Any, exc: Exception) -> float:
