@@ -286,3 +286,28 @@ def test_requests_everything_off(scripted: tuple[str, type[_Scripted]], clock: F
         for _ in range(15):
             assert s.get(url).status_code == 500
     assert handler.hits == 15
+
+
+@pytest.mark.redis
+def test_cooldown_shared_by_two_clients_through_redis(
+    redis_url: str, key_prefix: str, clock: FakeClock
+) -> None:
+    """With store=RedisStore, a 429 seen by one client pauses another (any process)."""
+    from stormguard.stores import RedisStore
+
+    with (
+        RedisStore(redis_url, prefix=key_prefix) as store_a,
+        RedisStore(redis_url, prefix=key_prefix) as store_b,
+    ):
+        limited = Backend(httpx.Response(429, headers={"Retry-After": "60"}))
+        other = Backend(httpx.Response(200))
+        policy = RetryPolicy(attempts=1, deadline=5.0)
+        with (
+            client(limited, clock, policy=policy, store=store_a) as a,
+            client(other, clock, policy=policy, store=store_b) as b,
+        ):
+            assert a.get("https://api.example/").status_code == 429
+            with pytest.raises(RateLimited) as info:
+                b.get("https://api.example/")
+            assert 55.0 < info.value.retry_after <= 60.0
+        assert other.hits == []
