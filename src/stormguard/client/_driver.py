@@ -80,13 +80,13 @@ class _Breaker(Protocol):
 class RetryCall:
     """The state of one logical call across its attempts."""
 
-    __slots__ = ("_clock", "_hooks", "_rng", "last_exception", "policy", "state", "target")
+    __slots__ = ("_clock", "_hooks", "_rng", "_target", "last_exception", "policy", "state")
 
     def __init__(
         self,
         policy: RetryPolicy,
         *,
-        target: str,
+        target: str | Callable[[], str],
         clock: Clock | None = None,
         rng: random.Random | None = None,
         hooks: tuple[RetryHook, ...] = (),
@@ -94,7 +94,7 @@ class RetryCall:
         count_request: bool = True,
     ) -> None:
         self.policy = policy
-        self.target = target
+        self._target = target  # a callable is described only when a retry is logged
         self._clock = clock or SYSTEM_CLOCK
         self._rng = rng or _RNG
         self._hooks = hooks
@@ -115,6 +115,14 @@ class RetryCall:
                 await arecord()
             else:
                 budget.record_request()
+
+    @property
+    def target(self) -> str:
+        """What is being called (``"GET https://api/x"``, a function's name)."""
+        target = self._target
+        if not isinstance(target, str):
+            target = self._target = target()
+        return target
 
     @property
     def clock(self) -> Clock:

@@ -24,6 +24,7 @@ __all__ = [
     "KEYED_METHODS",
     "describe",
     "error_failure",
+    "mentions_quota",
     "new_idempotency_key",
     "response_failure",
 ]
@@ -62,6 +63,11 @@ def body_worth_reading(status: int, content_length: str | None) -> bool:
         return 0 < int(content_length) <= MAX_BODY
     except ValueError:
         return False
+
+
+def mentions_quota(names: Iterable[str]) -> bool:
+    """Whether lower-cased header ``names`` include a rate-limit header of any provider."""
+    return any("ratelimit" in name or "rate-limit" in name for name in names)
 
 
 def response_failure(

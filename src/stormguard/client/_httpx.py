@@ -14,7 +14,7 @@ import httpx
 from .._clock import SYSTEM_CLOCK, Clock
 from ..core._outcome import Failure
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ..protection._origin import OriginGuard, OriginGuards, guards_for
+from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
 from ._driver import RetryCall, RetryHook, arecord_permit, record_permit
 from ._http import (
     IDEMPOTENCY_KEY,
@@ -22,6 +22,7 @@ from ._http import (
     body_worth_reading,
     describe,
     error_failure,
+    mentions_quota,
     new_idempotency_key,
     response_failure,
 )
@@ -57,6 +58,21 @@ def _body_if_read(response: httpx.Response) -> bytes | None:
         return None
 
 
+def _origin(url: httpx.URL) -> str:
+    # origin_of() for an already-parsed httpx.URL (no second parse per request).
+    scheme = url.scheme
+    port = url.port
+    if port is None or port == {"http": 80, "https": 443}.get(scheme):
+        return f"{scheme}://{url.host}"
+    return f"{scheme}://{url.host}:{port}"
+
+
+def _worth_observing(response: httpx.Response) -> bool:
+    # Only a 429/503 (cooldown) or a response with quota headers (pacing) teaches
+    # the origin's guard anything; most responses carry neither.
+    return response.status_code in COOLDOWN_STATUSES or mentions_quota(response.headers.keys())
+
+
 class _Attempt:
     """Per-logical-request facts the loops need: method, key, replayable body."""
 
@@ -78,13 +94,13 @@ class _Attempt:
         self.replayable = isinstance(request.stream, httpx.ByteStream)
         # Per-origin protection: the origin's breaker and budget join the policy.
         guards = transport.guards
-        self.guard: OriginGuard | None = (
-            guards.for_url(str(request.url)) if guards.enabled else None
-        )
+        url = request.url
+        self.guard: OriginGuard | None = guards.get(_origin(url)) if guards.enabled else None
         policy = transport.policy if self.guard is None else self.guard.policy(transport.policy)
+        method = self.method
         self.call = RetryCall(
             policy,
-            target=describe(self.method, str(request.url)),
+            target=lambda: describe(method, str(url)),
             clock=transport.clock,
             rng=transport.rng,
             hooks=transport.hooks,
@@ -123,13 +139,13 @@ class _Attempt:
 
     def observe(self, response: httpx.Response, failure: RetryFailure | None) -> None:
         """Feed the origin's cooldown (429/503 hints) and pacing (quota headers)."""
-        if self.guard is not None:
+        if self.guard is not None and _worth_observing(response):
             hint = failure.hint if failure is not None else None
             self.guard.observe(response.status_code, response.headers.multi_items(), hint)
 
     async def aobserve(self, response: httpx.Response, failure: RetryFailure | None) -> None:
         """Async twin of :meth:`observe`."""
-        if self.guard is not None:
+        if self.guard is not None and _worth_observing(response):
             hint = failure.hint if failure is not None else None
             await self.guard.aobserve(response.status_code, response.headers.multi_items(), hint)
 
@@ -148,6 +164,8 @@ class _Attempt:
         return body_worth_reading(response.status_code, response.headers.get("content-length"))
 
     def on_response(self, response: httpx.Response) -> RetryFailure | None:
+        if response.status_code not in self.call.policy.retry_statuses:
+            return None  # success or a final status: returned as it is
         failure = response_failure(
             self.call.policy,
             response.status_code,

@@ -19,7 +19,7 @@ from urllib3.exceptions import (
 from .._clock import SYSTEM_CLOCK, Clock
 from ..core._outcome import Failure
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ..protection._origin import OriginGuard, OriginGuards, guards_for
+from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
 from ._driver import RetryCall, RetryHook, record_permit
 from ._http import (
     IDEMPOTENCY_KEY,
@@ -27,6 +27,7 @@ from ._http import (
     body_worth_reading,
     describe,
     error_failure,
+    mentions_quota,
     new_idempotency_key,
     response_failure,
 )
@@ -132,7 +133,7 @@ class RetryAdapter(HTTPAdapter):
         policy = self.policy if guard is None else guard.policy(self.policy)
         call = RetryCall(
             policy,
-            target=describe(method, request.url or ""),
+            target=lambda: describe(method, request.url or ""),
             clock=self.clock,
             rng=self.rng,
             hooks=self.hooks,
@@ -159,19 +160,7 @@ class RetryAdapter(HTTPAdapter):
                     if isinstance(action, GiveUp):
                         raise
                 else:
-                    small = body_worth_reading(
-                        response.status_code, response.headers.get("content-length")
-                    )
-                    maybe = response_failure(
-                        policy,
-                        response.status_code,
-                        response.headers.items(),
-                        method=method,
-                        has_key=has_key,
-                        wall_now=self.clock.time(),
-                        body=response.content if small else None,
-                        content_type=response.headers.get("content-type"),
-                    )
+                    maybe = _judge(policy, response, method, has_key, self.clock)
                     _observe(guard, response, maybe)
                     record_permit(permit, failure=_server_failed(guard, response, maybe))
                     if maybe is None or not replayable:
@@ -183,6 +172,25 @@ class RetryAdapter(HTTPAdapter):
             self.clock.sleep(action.wait)
 
 
+def _judge(
+    policy: RetryPolicy, response: requests.Response, method: str, has_key: bool, clock: Clock
+) -> RetryFailure | None:
+    status = response.status_code
+    if status not in policy.retry_statuses:
+        return None  # success or a final status: returned as it is
+    small = body_worth_reading(status, response.headers.get("content-length"))
+    return response_failure(
+        policy,
+        status,
+        response.headers.items(),
+        method=method,
+        has_key=has_key,
+        wall_now=clock.time(),
+        body=response.content if small else None,
+        content_type=response.headers.get("content-type"),
+    )
+
+
 def _slot(guard: OriginGuard | None, call: RetryCall) -> contextlib.AbstractContextManager[None]:
     if guard is None:
         return contextlib.nullcontext()
@@ -192,9 +200,12 @@ def _slot(guard: OriginGuard | None, call: RetryCall) -> contextlib.AbstractCont
 def _observe(
     guard: OriginGuard | None, response: requests.Response, failure: RetryFailure | None
 ) -> None:
-    if guard is not None:
+    if guard is None:
+        return
+    status = response.status_code
+    if status in COOLDOWN_STATUSES or mentions_quota(k.lower() for k in response.headers):
         hint = failure.hint if failure is not None else None
-        guard.observe(response.status_code, response.headers.items(), hint)
+        guard.observe(status, response.headers.items(), hint)
 
 
 def _server_failed(
