@@ -23,6 +23,16 @@ import pytest
 from stormguard.testing import FakeClock
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process_guards() -> Iterator[None]:
+    """Each test starts with no process-wide per-origin breakers, budgets or cooldowns."""
+    from stormguard.protection import _origin
+
+    _origin._PROCESS_GUARDS = None
+    yield
+    _origin._PROCESS_GUARDS = None
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     """A fake clock starting at t=1000 (monotonic)."""

@@ -13,6 +13,7 @@ import pytest
 import stormguard
 from stormguard.httpx import RetryTransport
 from stormguard.mock import MockServer
+from stormguard.protection import OriginGuards
 
 Factory = Callable[..., MockServer]
 
@@ -156,7 +157,8 @@ def test_full_jitter_fleet_is_not_flagged(stormguard_mock: Factory) -> None:
     """The same fleet through RetryTransport with full jitter spreads its retries."""
     mock = stormguard_mock(FLEET)
     policy = stormguard.RetryPolicy(attempts=3, backoff=stormguard.FullJitter(0.4, 1.0))
-    _fleet(mock.url, lambda: RetryTransport(policy=policy))
+    # Each client stands for a separate host: each gets its own per-origin guards.
+    _fleet(mock.url, lambda: RetryTransport(policy=policy, guards=OriginGuards()))
     report = mock.check()
     assert report.ok, report.summary()
     assert sum(len(op.attempts) for op in report.operations) == 24

@@ -311,3 +311,15 @@ def test_cooldown_shared_by_two_clients_through_redis(
                 b.get("https://api.example/")
             assert 55.0 < info.value.retry_after <= 60.0
         assert other.hits == []
+
+
+def test_default_protection_is_shared_by_the_whole_process() -> None:
+    """Two clients with default protection share one breaker per origin; custom ones do not."""
+    a = RetryTransport(httpx.MockTransport(lambda request: httpx.Response(200)))
+    b = RetryTransport(httpx.MockTransport(lambda request: httpx.Response(200)))
+    custom = RetryTransport(breaker={"min_calls": 5})
+    assert a.guards is b.guards
+    assert a.guards.get("https://api.example.com").breaker is (
+        b.guards.get("https://api.example.com").breaker
+    )
+    assert custom.guards is not a.guards

@@ -147,10 +147,11 @@ def test_observe_reads_the_hint_from_headers(clock: FakeClock) -> None:
     assert guard.cooldown_remaining() == 12.0
 
 
-def test_guards_for_gives_each_adapter_its_own_unless_shared() -> None:
-    """Each adapter gets its own registry; guards= shares one on purpose."""
-    from stormguard.protection._origin import guards_for
+def test_guards_for_shares_defaults_process_wide() -> None:
+    """Default settings share the process registry; custom ones get their own; guards= wins."""
+    from stormguard.protection._origin import guards_for, process_guards
 
-    assert guards_for() is not guards_for()
+    assert guards_for() is guards_for() is process_guards()
+    assert guards_for(pacing=False) is not guards_for(pacing=False)
     mine = OriginGuards()
     assert guards_for(guards=mine, breaker=False) is mine

@@ -216,9 +216,12 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     or 503 with a wait hint pauses the whole origin; a request whose deadline ends
     first raises :class:`stormguard.RateLimited`) and ``pacing`` (the last 10 % of
     a quota is spread until its reset). ``store=RedisStore(url)`` shares breakers,
-    budgets and cooldowns across processes; ``guards=`` shares one
-    :class:`stormguard.protection.OriginGuards` between clients (by default each
-    transport has its own, shared by every thread and task using it).
+    budgets and cooldowns across processes. With every protection keyword at its
+    default, all such clients in the process share one set per origin (one
+    breaker, budget, bulkhead and cooldown for every client object, thread and
+    task calling that upstream); custom settings give the transport its own set,
+    and ``guards=`` passes a :class:`stormguard.protection.OriginGuards` to share
+    exactly (or to keep clients apart).
     """
 
     def __init__(

@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - needs the extra missing
 
 import stormguard
 from stormguard.httpx import RetryTransport
+from stormguard.protection import OriginGuards
 
 from ._checker import check_journal
 from ._server import MockServer
@@ -87,7 +88,11 @@ def _naive_client(client_id: str) -> httpx.AsyncClient:
 
 
 def _stormguard_client(client_id: str) -> httpx.AsyncClient:
-    transport = RetryTransport(policy=stormguard_policy(), idempotency_keys=True)
+    # Each demo client stands for a separate host, so each gets its own per-origin
+    # protection (in one real process they would share the process-wide set).
+    transport = RetryTransport(
+        policy=stormguard_policy(), idempotency_keys=True, guards=OriginGuards()
+    )
     return httpx.AsyncClient(transport=transport, headers={"X-Client-Id": client_id}, timeout=5.0)
 
 
@@ -109,7 +114,7 @@ async def _stormguard_pay(client: httpx.AsyncClient, url: str, body: dict[str, A
     # All the retrying happens inside RetryTransport.
     try:
         response = await client.post(url, json=body)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, stormguard.StormguardError):  # incl. CircuitOpen, RateLimited
         return False
     return response.status_code < 300
 

@@ -30,7 +30,7 @@ from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
 from ._pacer import Pacer
 
-__all__ = ["OriginGuard", "OriginGuards", "guards_for", "origin_of"]
+__all__ = ["OriginGuard", "OriginGuards", "guards_for", "origin_of", "process_guards"]
 
 # Statuses whose wait hint pauses the whole origin.
 COOLDOWN_STATUSES = frozenset({429, 503})
@@ -349,6 +349,27 @@ class OriginGuards:
         )
 
 
+_PROCESS_GUARDS: OriginGuards | None = None
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_guards() -> OriginGuards:
+    """The process-wide registry every adapter with default protection shares.
+
+    One breaker, budget and bulkhead per origin for the whole process, and one
+    cooldown and pacer: every client object, thread and task calling an upstream
+    is judged and paused together, as the upstream sees them.
+    """
+    global _PROCESS_GUARDS
+    guards = _PROCESS_GUARDS
+    if guards is None:
+        with _PROCESS_LOCK:
+            if _PROCESS_GUARDS is None:
+                _PROCESS_GUARDS = OriginGuards()
+            guards = _PROCESS_GUARDS
+    return guards
+
+
 def guards_for(
     *,
     guards: OriginGuards | None = None,
@@ -364,13 +385,18 @@ def guards_for(
     """What an adapter's protection keywords resolve to.
 
     ``guards`` wins when given: pass one :class:`OriginGuards` to several clients
-    to share their breakers, budgets and cooldowns. Otherwise each adapter gets
-    its own registry, shared by every thread and task using that client (the
-    usual one long-lived client per application); ``store`` shares further, with
-    every process.
+    to share exactly that set (or give each client its own to keep them apart,
+    e.g. clients that stand for separate hosts in a test). With every keyword at
+    its default, the adapter uses :func:`process_guards`: one set per origin
+    shared by every client object, thread and task in the process. Any custom
+    setting (or a clock, an RNG or a store) gives the adapter its own registry;
+    ``store`` then shares it with every process.
     """
     if guards is not None:
         return guards
+    settings = (breaker, budget, bulkhead, cooldown, pacing)
+    if all(value is True for value in settings) and (store, clock, rng) == (None, None, None):
+        return process_guards()
     return OriginGuards(
         breaker=breaker,
         budget=budget,
