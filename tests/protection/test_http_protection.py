@@ -61,12 +61,24 @@ def test_breaker_opening_mid_call_returns_the_last_response(clock: FakeClock) ->
     assert len(backend.hits) == 2
 
 
-def test_hinted_503_pauses_instead_of_tripping(clock: FakeClock) -> None:
-    """503 + Retry-After goes to the cooldown, not the breaker: it never opens."""
+def test_hinted_503_pauses_and_counts_against_the_breaker(clock: FakeClock) -> None:
+    """503 + Retry-After pauses the origin and, being a 5xx, still trips the breaker."""
     backend = Backend(httpx.Response(503, headers={"Retry-After": "1"}))
+    with client(backend, clock, breaker={"min_calls": 3}) as http:
+        for _ in range(3):
+            assert http.get("https://busy.example/").status_code == 503
+        with pytest.raises(CircuitOpen):
+            http.get("https://busy.example/")
+    assert len(backend.hits) == 3
+    assert clock.sleeps and all(1.0 <= wait <= 1.25 for wait in clock.sleeps)
+
+
+def test_hinted_429_never_trips_the_breaker(clock: FakeClock) -> None:
+    """429 + Retry-After pauses the origin but is no failure: the breaker stays closed."""
+    backend = Backend(httpx.Response(429, headers={"Retry-After": "1"}))
     with client(backend, clock, breaker={"min_calls": 2}) as http:
         for _ in range(10):
-            assert http.get("https://busy.example/").status_code == 503
+            assert http.get("https://busy.example/").status_code == 429
     assert len(backend.hits) == 10
 
 

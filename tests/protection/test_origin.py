@@ -109,17 +109,6 @@ def test_pacing_from_headers(clock: FakeClock) -> None:
     assert guard.wait_before(60.0) == pytest.approx(30.0, abs=0.5)
 
 
-def test_hinted_429_503_go_to_the_cooldown_not_the_breaker(clock: FakeClock) -> None:
-    """5xx count for the breaker, 4xx do not, a hinted 429/503 neither (the cooldown has it)."""
-    guard = OriginGuards(clock=clock).get("https://a")
-    assert guard.server_failed(500, None)
-    assert guard.server_failed(503, None)
-    assert not guard.server_failed(503, 2.0)
-    assert not guard.server_failed(404, None)
-    no_cooldown = OriginGuards(cooldown=False, clock=clock).get("https://a")
-    assert no_cooldown.server_failed(503, 2.0)
-
-
 def test_bulkhead_slot_is_bounded_by_the_wait(clock: FakeClock) -> None:
     """The slot waits at most the given max_wait, then raises BulkheadFull."""
     guard = OriginGuards(bulkhead={"limit": 1}, clock=clock).get("https://a")

@@ -130,13 +130,6 @@ class _Attempt:
             return contextlib.nullcontext()
         return self.guard.aslot(max(0.0, self.call.remaining()))
 
-    def server_failed(self, response: httpx.Response, failure: RetryFailure | None) -> bool:
-        """For the breaker: 5xx count, 4xx do not (a hinted 429/503 goes to the cooldown)."""
-        if self.guard is None:
-            return response.status_code >= 500
-        hint = failure.hint if failure is not None else None
-        return self.guard.server_failed(response.status_code, hint)
-
     def observe(self, response: httpx.Response, failure: RetryFailure | None) -> None:
         """Feed the origin's cooldown (429/503 hints) and pacing (quota headers)."""
         if self.guard is not None and _worth_observing(response):
@@ -320,7 +313,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                             response.read()
                     failure = attempt.on_response(response)
                     attempt.observe(response, failure)
-                    record_permit(permit, failure=attempt.server_failed(response, failure))
+                    record_permit(permit, failure=response.status_code >= 500)
                     wait = _next_wait(attempt, failure, None)
                     if wait is None:
                         return response
@@ -351,7 +344,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
                             await response.aread()
                     failure = attempt.on_response(response)
                     await attempt.aobserve(response, failure)
-                    await arecord_permit(permit, failure=attempt.server_failed(response, failure))
+                    await arecord_permit(permit, failure=response.status_code >= 500)
                     wait = await _anext_wait(attempt, failure, None)
                     if wait is None:
                         return response

@@ -162,7 +162,7 @@ class RetryAdapter(HTTPAdapter):
                 else:
                     maybe = _judge(policy, response, method, has_key, self.clock)
                     _observe(guard, response, maybe)
-                    record_permit(permit, failure=_server_failed(guard, response, maybe))
+                    record_permit(permit, failure=response.status_code >= 500)  # 5xx count, 4xx not
                     if maybe is None or not replayable:
                         return response
                     action = call.after_failure(maybe)
@@ -206,15 +206,6 @@ def _observe(
     if status in COOLDOWN_STATUSES or mentions_quota(k.lower() for k in response.headers):
         hint = failure.hint if failure is not None else None
         guard.observe(status, response.headers.items(), hint)
-
-
-def _server_failed(
-    guard: OriginGuard | None, response: requests.Response, failure: RetryFailure | None
-) -> bool:
-    # For the breaker: 5xx count, 4xx do not; a hinted 429/503 goes to the cooldown.
-    if guard is None:
-        return response.status_code >= 500
-    return guard.server_failed(response.status_code, failure.hint if failure else None)
 
 
 def _cap_timeout(

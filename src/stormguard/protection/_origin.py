@@ -187,18 +187,6 @@ class OriginGuard:
         if self._pacer is not None:
             self._pacer.observe(self.origin, headers)
 
-    def server_failed(self, status: int, hint: float | None) -> bool:
-        """Whether a response counts as a failure for this origin's breaker.
-
-        5xx count, 4xx do not. A 429 or 503 that carries a wait hint is the server
-        managing its load and saying when to come back: the cooldown honours it,
-        and it does not also count against the breaker (which would open the
-        circuit on a server that is up and pacing its clients).
-        """
-        if status < 500:
-            return False
-        return not (hint and self._cooldown is not None and status in COOLDOWN_STATUSES)
-
     def cooldown_remaining(self) -> float:
         """Seconds this origin stays paused (0.0 when not, or without a cooldown)."""
         return 0.0 if self._cooldown is None else self._cooldown.remaining(self.origin)
