@@ -19,6 +19,7 @@
 # the store, so every limiter sharing a store sees one outage.
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from .core._limiters import (
     outage_decision,
 )
 from .stores._memory import MemoryStore
+from .stores._memory_fast import fast_hitter
 
 __all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
 
@@ -267,7 +269,7 @@ class RateLimiter(_LimiterBase):
     (default: the store's ``instances``, else 1).
     """
 
-    __slots__ = ()
+    __slots__ = ("__dict__",)  # room for the bound fast `hit` (see __init__)
 
     def __init__(
         self,
@@ -291,6 +293,15 @@ class RateLimiter(_LimiterBase):
         )
         if not callable(getattr(self.store, "decide", None)):
             raise ConfigError("store", f"{self.store!r} is not a sync store (use AsyncRateLimiter)")
+        if self._memory is not None:
+            # The hot path of an in-process limiter: TokenBucket and GCRA get a
+            # hand-inlined closure bound as this instance's `hit` (an instance
+            # attribute wins over the method), skipping one call layer and the
+            # algorithm's step call. Same decisions; see stores/_memory_fast.py.
+            slow = functools.partial(RateLimiter.hit, self)
+            fast = fast_hitter(self._memory, self.algorithm, self.name, slow)
+            if fast is not None:
+                self.__dict__["hit"] = fast
 
     def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""

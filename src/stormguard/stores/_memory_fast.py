@@ -1,0 +1,159 @@
+# Hand-inlined hot paths of MemoryStore for the two single-state algorithms.
+#
+# A gateway decides a limit on every request, so RateLimiter(TokenBucket | GCRA)
+# on a MemoryStore binds one of these closures as its `hit`. Each is the generic
+# path (MemoryStore.hitter -> algorithm.advance -> Decision) with the algorithm's
+# arithmetic written out in place: no method call per hit, no outcome tuple. The
+# formulas are copied term for term from `core._limiters` so every float comes
+# out bit-identical; tests/limiting/test_memory_fast.py replays random traffic
+# through both paths and compares decisions and stored state exactly. Anything
+# unusual (zero, oversized, negative or infinite costs) takes the generic path.
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..core._limiters import EPSILON, GCRA, Algorithm, Decision, TokenBucket
+
+if TYPE_CHECKING:
+    from ._memory import MemoryStore
+
+__all__ = ["fast_hitter"]
+
+FastHit = Callable[..., Decision]
+_new = tuple.__new__
+
+
+def fast_hitter(
+    store: MemoryStore, algorithm: Algorithm, name: str, slow: Callable[[str, float], Decision]
+) -> FastHit | None:
+    """``hit(key, cost=1.0)`` for ``algorithm`` on ``store``, or None when none is written."""
+    kind = type(algorithm)
+    if kind is GCRA:
+        return _gcra(store, algorithm, name, slow)  # type: ignore[arg-type]
+    if kind is TokenBucket:
+        return _token_bucket(store, algorithm, name, slow)  # type: ignore[arg-type]
+    return None
+
+
+def _gcra(
+    store: MemoryStore, algorithm: GCRA, name: str, slow: Callable[[str, float], Decision]
+) -> FastHit:
+    data, lock, put, monotonic = store._data, store._lock, store._put, store._monotonic
+    move_to_end = data.move_to_end
+    rate, burst = algorithm.rate, algorithm.burst
+    tau = burst / rate
+    limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
+
+    def hit(key: str, cost: float = 1.0) -> Decision:
+        if not 0 < cost <= burst:
+            return slow(key, cost)
+        skey = prefix + key
+        with lock:
+            now = monotonic()
+            entry = data.get(skey)
+            if entry is None or entry[0] <= now:
+                tat = now
+            else:
+                tat = entry[1]
+                if tat < now:
+                    tat = now
+            new_tat = tat + cost / rate
+            allow_at = new_tat - tau
+            if allow_at > now + EPSILON:
+                remaining = (tau - (tat - now)) * rate
+                reset = tat - now
+                return _new(
+                    Decision,
+                    (
+                        False,
+                        limit,
+                        remaining if remaining > 0.0 else 0.0,
+                        reset if reset > 0.0 else 0.0,
+                        allow_at - now,
+                        name,
+                        window,
+                        None,
+                        (),
+                    ),
+                )
+            reset = new_tat - now
+            if entry is not None and reset > 0:
+                data[skey] = (now + reset, new_tat)
+                move_to_end(skey)
+            else:
+                put(skey, new_tat, reset, now)
+        remaining = (tau - (new_tat - now)) * rate
+        return _new(
+            Decision,
+            (
+                True,
+                limit,
+                remaining if remaining > 0.0 else 0.0,
+                reset,
+                0.0,
+                name,
+                window,
+                None,
+                (),
+            ),
+        )
+
+    return hit
+
+
+def _token_bucket(
+    store: MemoryStore, algorithm: TokenBucket, name: str, slow: Callable[[str, float], Decision]
+) -> FastHit:
+    data, lock, put, monotonic = store._data, store._lock, store._put, store._monotonic
+    move_to_end = data.move_to_end
+    rate, burst = algorithm.rate, algorithm.burst
+    limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
+
+    def hit(key: str, cost: float = 1.0) -> Decision:
+        if not 0 < cost <= burst:
+            return slow(key, cost)
+        skey = prefix + key
+        with lock:
+            now = monotonic()
+            entry = data.get(skey)
+            stamp = now
+            if entry is None or entry[0] <= now:
+                tokens = burst
+            else:
+                tokens, last = entry[1]
+                if stamp < last:
+                    stamp = last
+                tokens += (stamp - last) * rate
+                if tokens > burst:
+                    tokens = burst
+            if cost > tokens + EPSILON:
+                remaining = tokens if tokens > 0.0 else 0.0
+                reset = (burst - tokens) / rate
+                return _new(
+                    Decision,
+                    (
+                        False,
+                        limit,
+                        remaining,
+                        reset if reset > 0.0 else 0.0,
+                        (cost - tokens) / rate,
+                        name,
+                        window,
+                        None,
+                        (),
+                    ),
+                )
+            tokens -= cost
+            reset = (burst - tokens) / rate
+            if entry is not None and reset > 0:
+                data[skey] = (now + reset, (tokens, stamp))
+                move_to_end(skey)
+            else:
+                put(skey, (tokens, stamp), reset, now)
+        return _new(
+            Decision,
+            (True, limit, tokens if tokens > 0.0 else 0.0, reset, 0.0, name, window, None, ()),
+        )
+
+    return hit
