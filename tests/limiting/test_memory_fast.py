@@ -52,3 +52,14 @@ def test_oversized_cost_is_denied_forever() -> None:
     """A cost above the burst takes the generic path: denied with an infinite retry_after."""
     decision = RateLimiter(GCRA(1, 2)).hit("k", 5)
     assert not decision.allowed and decision.retry_after == float("inf")
+
+
+@pytest.mark.parametrize("algorithm", [TokenBucket(5, 5), GCRA(5, 5)])
+def test_a_million_keys_stay_within_the_cap(algorithm: TokenBucket | GCRA) -> None:
+    """A flood of a million distinct keys through the fast path keeps max_keys entries."""
+    store = MemoryStore(max_keys=1_000, clock=FakeClock())
+    hit = RateLimiter(algorithm, store).hit
+    for i in range(1_000_000):
+        hit(str(i))
+    assert len(store) == 1_000
+    assert "999999" in [key.split("\x00")[1] for key in store._data]  # the newest survive
