@@ -196,3 +196,20 @@ def test_huge_pushback_is_not_slept(server: Server, call: Any) -> None:
     clock = FakeClock()
     outcome = call(server.port, policy=FAST, clock=clock)
     assert outcome.code == EXHAUSTED and clock.sleeps == []
+
+
+def test_breaker_and_budget_plug_in_through_the_policy(server: Server) -> None:
+    """A CircuitBreaker in the policy counts UNAVAILABLE and then refuses calls."""
+    import stormguard
+
+    server.play(UNAVAILABLE)
+    breaker = stormguard.CircuitBreaker(min_calls=2, failure_rate=0.5, open_for=60)
+    policy = RetryPolicy(
+        attempts=2, backoff=Constant(0.2, 0.2), breaker=breaker, budget=stormguard.RetryBudget()
+    )
+    outcome = call_sync(server.port, policy=policy, idempotent=True, clock=FakeClock())
+    assert outcome.code == UNAVAILABLE and len(server.script.seen) == 2
+    assert breaker.state == "open"
+    with pytest.raises(stormguard.CircuitOpen):
+        call_sync(server.port, policy=policy, idempotent=True, clock=FakeClock())
+    assert len(server.script.seen) == 2
