@@ -63,3 +63,5 @@ def test_a_million_keys_stay_within_the_cap(algorithm: TokenBucket | GCRA) -> No
         hit(str(i))
     assert len(store) == 1_000
     assert "999999" in [key.split("\x00")[1] for key in store._data]  # the newest survive
+    caches = [c.cell_contents for c in hit.__closure__ or () if type(c.cell_contents) is dict]
+    assert caches and all(len(cache) <= 1_000 for cache in caches)  # the key cache too

@@ -44,11 +44,17 @@ def _gcra(
     rate, burst = algorithm.rate, algorithm.burst
     tau = burst / rate
     limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
+    skeys: dict[str, str] = {}  # key -> store key: a lookup is cheaper than a concat
+    cached, cap = skeys.get, store.max_keys
 
     def hit(key: str, cost: float = 1.0) -> Decision:
         if not 0 < cost <= burst:
             return slow(key, cost)
-        skey = prefix + key
+        skey = cached(key)
+        if skey is None:
+            if len(skeys) >= cap:
+                skeys.clear()  # bounded like the store itself
+            skey = skeys[key] = prefix + key
         with lock:
             now = monotonic()
             entry = data.get(skey)
@@ -109,11 +115,17 @@ def _token_bucket(
     move_to_end = data.move_to_end
     rate, burst = algorithm.rate, algorithm.burst
     limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
+    skeys: dict[str, str] = {}  # key -> store key: a lookup is cheaper than a concat
+    cached, cap = skeys.get, store.max_keys
 
     def hit(key: str, cost: float = 1.0) -> Decision:
         if not 0 < cost <= burst:
             return slow(key, cost)
-        skey = prefix + key
+        skey = cached(key)
+        if skey is None:
+            if len(skeys) >= cap:
+                skeys.clear()  # bounded like the store itself
+            skey = skeys[key] = prefix + key
         with lock:
             now = monotonic()
             entry = data.get(skey)
