@@ -15,12 +15,15 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 
 from stormguard.testing import FakeClock
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +46,30 @@ def clock() -> FakeClock:
 def rng() -> random.Random:
     """A seeded random generator."""
     return random.Random(1234)
+
+
+# How often tests poll a real server for a state change (never a backoff wait).
+POLL_INTERVAL = 0.02
+
+
+class Eventually:
+    """Poll ``probe`` until it returns something truthy; fail the test after ``timeout``."""
+
+    def __call__(self, probe: Callable[[], T], *, timeout: float = 10.0) -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(f"condition not reached within {timeout}s (last value: {value!r})")
+            time.sleep(POLL_INTERVAL)
+
+
+@pytest.fixture
+def eventually() -> Eventually:
+    """Wait for a real server (mock, Redis, subprocess) to reach a state, by polling."""
+    return Eventually()
 
 
 def _free_port() -> int:
@@ -120,7 +147,7 @@ def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
     while time.monotonic() < deadline:
         if _ping("127.0.0.1", port):
             return proc
-        time.sleep(0.05)
+        time.sleep(POLL_INTERVAL)
     proc.kill()
     raise RuntimeError(f"redis-server did not start on port {port}")
 

@@ -8,8 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -22,7 +23,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_cli_serves_the_example_and_writes_the_journal(tmp_path: Path) -> None:
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=1)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def test_cli_serves_the_example_and_writes_the_journal(
+    tmp_path: Path, eventually: Callable[..., Any]
+) -> None:
     """The CLI serves a scenario file, answers the admin API and stops on SIGTERM."""
     port = free_port()
     journal_out = tmp_path / "journal.json"
@@ -34,12 +45,7 @@ def test_cli_serves_the_example_and_writes_the_journal(tmp_path: Path) -> None:
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=os.environ)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                httpx.get(base + "/__mock/ledger", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.05)
+        eventually(lambda: _answers(base + "/__mock/ledger"))
         headers = {"Idempotency-Key": "k1"}
         try:
             httpx.post(base + "/v1/payments", json={"amount": 5}, headers=headers)

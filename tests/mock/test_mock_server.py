@@ -16,6 +16,13 @@ import stormguard
 from stormguard.mock import MockServer
 
 Factory = Callable[..., MockServer]
+Eventually = Callable[..., Any]  # the `eventually` fixture of tests/conftest.py
+
+
+def _finished(mock: MockServer) -> dict[str, Any] | None:
+    """The only journal entry once the server has finished with it, else None."""
+    (entry,) = mock.journal()
+    return entry if entry["end"] is not None else None
 
 
 def one_route(**route: Any) -> dict[str, Any]:
@@ -55,16 +62,14 @@ def test_connection_faults_raise_in_the_client(
     assert entry["status"] is None
 
 
-def test_hang_holds_until_the_client_gives_up(stormguard_mock: Factory) -> None:
+def test_hang_holds_until_the_client_gives_up(
+    stormguard_mock: Factory, eventually: Eventually
+) -> None:
     """`hang` sends nothing; the client times out and the journal notes when it left."""
     mock = stormguard_mock(one_route(sequence=[{"fault": "hang"}]))
     with pytest.raises(httpx.ReadTimeout):
         httpx.get(mock.url + "/x", timeout=0.3)
-    for _ in range(100):
-        (entry,) = mock.journal()
-        if entry["end"] is not None:
-            break
-        time.sleep(0.02)
+    entry = eventually(lambda: _finished(mock))
     assert entry["outcome"] == "hang"
     assert entry["end"] - entry["time"] >= 0.25
 
@@ -238,7 +243,7 @@ def test_same_key_different_body_is_422(stormguard_mock: Factory) -> None:
     assert mock.journal()[1]["outcome"] == "mismatch"
 
 
-def test_duplicate_in_flight_is_409(stormguard_mock: Factory) -> None:
+def test_duplicate_in_flight_is_409(stormguard_mock: Factory, eventually: Eventually) -> None:
     """A second request with a key still being processed gets 409."""
     mock = stormguard_mock(one_route(resource="payments", delay=0.5))
     headers = {"Idempotency-Key": "k1"}
@@ -249,10 +254,7 @@ def test_duplicate_in_flight_is_409(stormguard_mock: Factory) -> None:
         )
     )
     slow.start()
-    for _ in range(100):
-        if mock.journal():
-            break
-        time.sleep(0.01)
+    eventually(mock.journal)
     assert httpx.post(mock.url + "/x", json={}, headers=headers).status_code == 409
     slow.join()
     assert results == [200]
@@ -344,13 +346,13 @@ def test_keep_alive_serves_many_requests_on_one_connection(stormguard_mock: Fact
     assert len(mock.journal()) == 20
 
 
-def test_stop_leaves_nothing_running() -> None:
+def test_stop_leaves_nothing_running(eventually: Eventually) -> None:
     """stop() ends the server thread, even with a hung connection open."""
     before = threading.active_count()
     mock = MockServer(one_route(sequence=[{"fault": "hang"}])).start()
     hung = threading.Thread(target=_ignore_errors(lambda: httpx.get(mock.url + "/x", timeout=5)))
     hung.start()
-    time.sleep(0.2)
+    eventually(mock.journal)  # the hung request has arrived
     mock.stop()
     hung.join(timeout=10)
     assert not hung.is_alive()
@@ -397,16 +399,14 @@ def test_garbage_gets_400(stormguard_mock: Factory) -> None:
     assert mock.journal() == []
 
 
-def test_client_timeout_during_a_delay_is_journaled(stormguard_mock: Factory) -> None:
+def test_client_timeout_during_a_delay_is_journaled(
+    stormguard_mock: Factory, eventually: Eventually
+) -> None:
     """A client that times out during a slow answer leaves a charged, unanswered entry."""
     mock = stormguard_mock(one_route(resource="payments", delay=1.0))
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(mock.url + "/x", json={"a": 1}, timeout=0.2)
-    for _ in range(100):
-        (entry,) = mock.journal()
-        if entry["end"] is not None:
-            break
-        time.sleep(0.02)
+    entry = eventually(lambda: _finished(mock))
     assert (entry["status"], entry["outcome"]) == (None, "client-gone")
     assert entry["end"] - entry["time"] < 0.9
     assert mock.ledger() == {"payments": {"request-1": 1}}
