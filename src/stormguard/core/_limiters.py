@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, ClassVar, Protocol, TypeAlias
+from typing import Any, ClassVar, Protocol, Self, TypeAlias
 
 from .._errors import ConfigError
 from ._decision import Decision, combine
@@ -137,14 +137,8 @@ def default_name(algorithm: Algorithm) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenBucket(_Stepper):
-    """A bucket of ``burst`` tokens refilled at ``rate`` tokens per second.
-
-    ``tokens(t) = min(burst, tokens(t0) + (t - t0) * rate)``; a hit of ``cost`` is
-    admitted when ``cost <= tokens``; ``retry_after = (cost - tokens) / rate``.
-    """
-
-    kind: ClassVar[str] = "token_bucket"
+class _RateBurst(_Stepper):
+    # What TokenBucket and GCRA share: a rate per second and a burst, validated once.
     rate: float
     burst: float
     # Derived once: read on every hit.
@@ -160,8 +154,19 @@ class TokenBucket(_Stepper):
     def params(self) -> tuple[float, float]:
         return (self.rate, self.burst)
 
-    def scaled(self, factor: float) -> TokenBucket:
+    def scaled(self, factor: float) -> Self:
         return replace(self, rate=self.rate * factor, burst=self.burst * factor)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBucket(_RateBurst):
+    """A bucket of ``burst`` tokens refilled at ``rate`` tokens per second.
+
+    ``tokens(t) = min(burst, tokens(t0) + (t - t0) * rate)``; a hit of ``cost`` is
+    admitted when ``cost <= tokens``; ``retry_after = (cost - tokens) / rate``.
+    """
+
+    kind: ClassVar[str] = "token_bucket"
 
     def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         rate, burst = self.rate, self.burst
@@ -183,7 +188,7 @@ class TokenBucket(_Stepper):
 
 
 @dataclass(frozen=True, slots=True)
-class GCRA(_Stepper):
+class GCRA(_RateBurst):
     """Generic cell rate algorithm (leaky bucket as a meter), one timestamp per key.
 
     Emission interval ``T = 1/rate``, tolerance ``tau = burst * T``. State is the
@@ -193,23 +198,6 @@ class GCRA(_Stepper):
     """
 
     kind: ClassVar[str] = "gcra"
-    rate: float
-    burst: float
-    # Derived once: read on every hit.
-    limit: float = field(init=False, repr=False, compare=False)
-    window: float = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rate", _positive("rate", self.rate))
-        object.__setattr__(self, "burst", _positive("burst", self.burst))
-        object.__setattr__(self, "limit", self.burst)
-        object.__setattr__(self, "window", self.burst / self.rate)
-
-    def params(self) -> tuple[float, float]:
-        return (self.rate, self.burst)
-
-    def scaled(self, factor: float) -> GCRA:
-        return replace(self, rate=self.rate * factor, burst=self.burst * factor)
 
     def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         tat = now if state is None else max(state, now)
