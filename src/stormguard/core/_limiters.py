@@ -224,15 +224,8 @@ def _free_by(entries: Sequence[tuple[float, float]], need: float, span: float, n
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowLog(_Stepper):
-    """At most ``limit`` units in any ``window`` seconds, exactly (one entry per hit).
-
-    An entry made at ``t`` counts while ``now < t + window``. Costs count in whole
-    units (a fractional cost is rounded up). Memory per key: at most ``limit``
-    entries (in Redis, one sorted-set member per unit).
-    """
-
-    kind: ClassVar[str] = "sliding_window_log"
+class _LimitWindow(_Stepper):
+    # What the window algorithms share: a limit per window of seconds, validated once.
     limit: float
     window: float
 
@@ -243,8 +236,20 @@ class SlidingWindowLog(_Stepper):
     def params(self) -> tuple[float, float]:
         return (self.limit, self.window)
 
-    def scaled(self, factor: float) -> SlidingWindowLog:
+    def scaled(self, factor: float) -> Self:
         return replace(self, limit=self.limit * factor)
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindowLog(_LimitWindow):
+    """At most ``limit`` units in any ``window`` seconds, exactly (one entry per hit).
+
+    An entry made at ``t`` counts while ``now < t + window``. Costs count in whole
+    units (a fractional cost is rounded up). Memory per key: at most ``limit``
+    entries (in Redis, one sorted-set member per unit).
+    """
+
+    kind: ClassVar[str] = "sliding_window_log"
 
     def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         cost = math.ceil(cost - EPSILON)  # whole units, as the Redis log stores them
@@ -266,25 +271,13 @@ class SlidingWindowLog(_Stepper):
 
 
 @dataclass(frozen=True, slots=True)
-class FixedWindow(_Stepper):
+class FixedWindow(_LimitWindow):
     """At most ``limit`` units per window ``[k*window, (k+1)*window)``.
 
     Cheapest; allows up to ``2*limit`` across a window boundary.
     """
 
     kind: ClassVar[str] = "fixed_window"
-    limit: float
-    window: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "limit", _positive("limit", self.limit))
-        object.__setattr__(self, "window", _seconds("window", self.window))
-
-    def params(self) -> tuple[float, float]:
-        return (self.limit, self.window)
-
-    def scaled(self, factor: float) -> FixedWindow:
-        return replace(self, limit=self.limit * factor)
 
     def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         index = math.floor((now + EPSILON) / self.window)
@@ -301,7 +294,7 @@ class FixedWindow(_Stepper):
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowCounter(_Stepper):
+class SlidingWindowCounter(_LimitWindow):
     """Approximate sliding window from two fixed-window counters (what Cloudflare does).
 
     ``used = previous * (1 - elapsed/window) + current``; admitted when
@@ -311,18 +304,6 @@ class SlidingWindowCounter(_Stepper):
     """
 
     kind: ClassVar[str] = "sliding_window_counter"
-    limit: float
-    window: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "limit", _positive("limit", self.limit))
-        object.__setattr__(self, "window", _seconds("window", self.window))
-
-    def params(self) -> tuple[float, float]:
-        return (self.limit, self.window)
-
-    def scaled(self, factor: float) -> SlidingWindowCounter:
-        return replace(self, limit=self.limit * factor)
 
     def advance(self, state: State, now: float, cost: float, lease: str = "") -> Outcome:
         w, limit = self.window, self.limit
