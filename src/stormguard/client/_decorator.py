@@ -30,7 +30,15 @@ T = TypeVar("T")
 ExceptionFilter = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 )
-UNSET: Any = object()
+class _PolicyDefault:
+    # Marks a keyword left to RetryPolicy's own default (shown as such in help()).
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<RetryPolicy default>"
+
+
+UNSET: Any = _PolicyDefault()
 _UNSET = UNSET
 
 
