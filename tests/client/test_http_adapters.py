@@ -227,7 +227,7 @@ def test_deadline_bounds_the_whole_call(server: ScriptedServer, send: Sender) ->
     result = send(server.url, policy=policy)
     elapsed = time.monotonic() - started
     assert result.status == 503
-    assert elapsed < 2.0 + 0.5  # slack for the last in-flight attempt on a busy machine
+    assert elapsed < 2.0 + 1.0  # slack for thread scheduling on a busy machine
     assert len(server.received) >= 2
 
 
