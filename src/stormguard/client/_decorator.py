@@ -30,6 +30,8 @@ T = TypeVar("T")
 ExceptionFilter = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 )
+
+
 class _PolicyDefault:
     # Marks a keyword left to RetryPolicy's own default (shown as such in help()).
     __slots__ = ()
