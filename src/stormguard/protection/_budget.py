@@ -1,5 +1,5 @@
 # The runtime retry budget: RetryBudgetCore (core/_budget.py) behind a lock, or
-# the same counters in Redis (stores/lua/budget_*.lua) shared by every process.
+# the same counters in Redis (stores/lua/budget.lua) shared by every process.
 #
 # One budget per upstream, shared by every client object, thread and task that
 # talks to it: the point is to bound the *total* extra load retries add. The lock
@@ -34,7 +34,16 @@ class RetryBudget:
     shared by every process.
     """
 
-    __slots__ = ("_args", "_core", "_key", "_lock", "_monotonic", "_shared", "name")
+    __slots__ = (
+        "_core",
+        "_key",
+        "_lock",
+        "_monotonic",
+        "_request_args",
+        "_retry_args",
+        "_shared",
+        "name",
+    )
 
     def __init__(
         self,
@@ -63,7 +72,10 @@ class RetryBudget:
         self.name = name
         self._shared: Shared | None = None
         self._key = ""
-        self._args = [repr(float(ratio)), repr(self._core.reserve), repr(float(window)), buckets]
+        args = [repr(float(ratio)), repr(self._core.reserve), repr(float(window)), buckets]
+        # One script (stores/lua/budget.lua), the operation as its last argument.
+        self._request_args = [*args, "request"]
+        self._retry_args = [*args, "retry"]
         if store is not None:
             if not name:
                 raise ConfigError("name", "a budget shared through a store needs a name")
@@ -84,7 +96,7 @@ class RetryBudget:
         shared = self._shared
         if shared is not None and shared.usable():
             try:
-                shared.run("budget_request", [self._key], self._args)
+                shared.run("budget", [self._key], self._request_args)
             except StoreError as exc:
                 shared.failed(exc)
             else:
@@ -103,7 +115,7 @@ class RetryBudget:
         shared = self._shared
         if shared is not None and shared.usable():
             try:
-                reply = shared.run("budget_retry", [self._key], self._args)
+                reply = shared.run("budget", [self._key], self._retry_args)
             except StoreError as exc:
                 shared.failed(exc)
             else:
@@ -116,7 +128,7 @@ class RetryBudget:
         shared = self._shared
         if shared is not None and shared.usable():
             try:
-                await shared.arun("budget_request", [self._key], self._args)
+                await shared.arun("budget", [self._key], self._request_args)
             except StoreError as exc:
                 shared.failed(exc)
             else:
@@ -131,7 +143,7 @@ class RetryBudget:
         shared = self._shared
         if shared is not None and shared.usable():
             try:
-                reply = await shared.arun("budget_retry", [self._key], self._args)
+                reply = await shared.arun("budget", [self._key], self._retry_args)
             except StoreError as exc:
                 shared.failed(exc)
             else:
