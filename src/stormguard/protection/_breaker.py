@@ -473,31 +473,13 @@ class CircuitBreaker:
     @property
     def state(self) -> BreakerState:
         """``"closed"``, ``"open"`` or ``"half_open"`` now (from the store if shared)."""
-        shared = self._shared
-        if shared is not None and not shared.is_async and shared.usable():
-            assert self._store is not None
-            try:
-                reply = self._store.acquire(peek=True)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return self._observe_remote(reply.state)
-        return self.local_state()
+        reply = self._peek()
+        return self.local_state() if reply is None else self._observe_remote(reply.state)
 
     async def astate(self) -> BreakerState:
         """Async twin of :attr:`state`."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            assert self._store is not None
-            try:
-                reply = await self._store.aacquire(peek=True)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return self._observe_remote(reply.state)
-        return self.local_state()
+        reply = await self._apeek()
+        return self.local_state() if reply is None else self._observe_remote(reply.state)
 
     def open_remaining(self) -> float:
         """Seconds until an open breaker half-opens (0.0 when closed or half-open).
@@ -506,55 +488,65 @@ class CircuitBreaker:
         than the wait, the call ends now ("circuit open") instead of sleeping into
         a refusal.
         """
-        shared = self._shared
-        if shared is None:
-            if self._core.closed_admission is not None:
-                return 0.0  # closed: one atomic read, no lock
-        elif not shared.is_async and shared.usable():
-            assert self._store is not None
-            try:
-                reply = self._store.acquire(peek=True)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
-        return self._local_remaining()
+        if self._shared is None and self._core.closed_admission is not None:
+            return 0.0  # closed: one atomic read, no lock
+        reply = self._peek()
+        return self._local_remaining() if reply is None else self._remote_remaining(reply)
 
     async def aopen_remaining(self) -> float:
         """Async twin of :meth:`open_remaining`."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            assert self._store is not None
-            try:
-                reply = await self._store.aacquire(peek=True)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
-        return self._local_remaining()
+        reply = await self._apeek()
+        return self._local_remaining() if reply is None else self._remote_remaining(reply)
 
-    def _local_remaining(self) -> float:
+    def _remote_remaining(self, reply: Any) -> float:
+        return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
+
+    def _peek(self) -> Any:
+        """The shared state without taking a slot; None when not shared (from sync
+        code) or when the store failed (the breaker then decides locally)."""
+        shared = self._shared
+        if shared is None or shared.is_async or not shared.usable():
+            return None
+        assert self._store is not None
+        try:
+            reply = self._store.acquire(peek=True)
+        except StoreError as exc:
+            shared.failed(exc)
+            return None
+        shared.succeeded()
+        return reply
+
+    async def _apeek(self) -> Any:
+        """Async twin of :meth:`_peek` (works with sync and async stores)."""
+        shared = self._shared
+        if shared is None or not shared.usable():
+            return None
+        assert self._store is not None
+        try:
+            reply = await self._store.aacquire(peek=True)
+        except StoreError as exc:
+            shared.failed(exc)
+            return None
+        shared.succeeded()
+        return reply
+
+    def _locally(self, read: Callable[[float], T]) -> T:
+        # Read this process's own core under the lock; announce a state change after.
         now = self._monotonic()
         with self._lock:
             self._drain()
-            remaining = self._core.remaining(now)
+            value = read(now)
             changed = self._core.generation != self._last_gen
         if changed:
             self._note_local_change()
-        return remaining
+        return value
+
+    def _local_remaining(self) -> float:
+        return self._locally(self._core.remaining)
 
     def local_state(self) -> BreakerState:
         """The state of this process's own core (what it decides by when degraded)."""
-        now = self._clock.monotonic()
-        with self._lock:
-            self._drain()
-            state = self._core.state(now)
-            changed = self._core.generation != self._last_gen
-        if changed:
-            self._note_local_change()
-        return state
+        return self._locally(self._core.state)
 
     @property
     def degraded(self) -> bool:
