@@ -360,3 +360,22 @@ def test_wait_hint_from_a_429_body(server: ScriptedServer, send: Sender) -> None
     result = send(server.url, policy=FAST, clock=clock)
     assert result.status == 200
     assert clock.sleeps == [0.75] and result.records[0].hint_used
+
+
+def test_one_shot_body_transport_error_is_never_retried(dead_url: str, send: Sender) -> None:
+    """Every adapter ends a one-shot-body request at its first transport error, no retry."""
+    clock = FakeClock()
+    result = send(dead_url, method="PUT", content=iter([b"a", b"b"]), policy=FAST, clock=clock)
+    assert result.error is not None and result.records == [] and clock.sleeps == []
+
+
+def test_one_shot_body_beats_should_retry_and_retry_if(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """A body that cannot be replayed is not retried even when the server or retry_if says so."""
+    server.script(Step(503, {"x-should-retry": "true"}), Step(200))
+    policy = FAST.replace(retry_if=lambda subject: True)
+    result = send(
+        server.url, method="PUT", content=iter([b"a", b"b"]), policy=policy, clock=FakeClock()
+    )
+    assert result.status == 503 and len(server.received) == 1 and result.records == []

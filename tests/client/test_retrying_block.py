@@ -75,3 +75,28 @@ def test_a_loop_without_with_stops_after_one_attempt() -> None:
     """An attempt never entered counts as finished: the loop cannot spin forever."""
     attempts = list(retrying(on=OSError, clock=FakeClock()))
     assert len(attempts) == 1
+
+
+@pytest.mark.redis
+async def test_async_for_awaits_a_budget_on_an_async_redis_store(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Drift bug: `async for` in retrying(budget=...) used the sync budget calls (TypeError)."""
+    pytest.importorskip("redis")
+    from stormguard import CircuitBreaker, RetryBudget
+    from stormguard.stores import AsyncRedisStore
+
+    store = AsyncRedisStore(redis_url, prefix=key_prefix)
+    budget = RetryBudget(store=store, name="block")
+    breaker = CircuitBreaker(store=store, name="block", min_calls=100)
+    clock = FakeClock()
+    calls = 0
+    async for attempt in retrying(
+        on=OSError, budget=budget, breaker=breaker, backoff=Constant(1, 1), clock=clock
+    ):
+        with attempt:
+            calls += 1
+            if calls < 3:
+                raise OSError("flaky")
+    assert calls == 3 and clock.sleeps == [1, 1]
+    await store.aclose()

@@ -1,9 +1,9 @@
 # stormguard.requests.RetryAdapter: a requests HTTPAdapter that retries by
 # stormguard's decision table. urllib3's own retries are switched off so that
-# exactly one component decides; each attempt is delegated to HTTPAdapter.send.
+# exactly one component decides; each attempt is delegated to HTTPAdapter.send,
+# and the engine (core/_engine.py, client/_driver.py) runs the call.
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -17,21 +17,14 @@ from urllib3.exceptions import (
     NewConnectionError,
 )
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
+from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
-from ._driver import RetryCall, RetryHook, record_permit
-from ._http import (
-    IDEMPOTENCY_KEY,
-    KEYED_METHODS,
-    body_worth_reading,
-    describe,
-    error_failure,
-    mentions_quota,
-    new_idempotency_key,
-    response_failure,
-)
+from ..core._policy import RetryPolicy
+from ..protection._origin import OriginGuards, origin_of
+from ._driver import RetryHook
+from ._front import HttpCall, HttpFront, protection_keywords
+from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
 
@@ -58,7 +51,7 @@ def _replayable(body: Any) -> bool:
     return body is None or isinstance(body, bytes | str)
 
 
-class RetryAdapter(HTTPAdapter):
+class RetryAdapter(HttpFront, HTTPAdapter):
     """A ``requests`` transport adapter that retries by stormguard's decision table.
 
     >>> import requests, stormguard
@@ -94,21 +87,13 @@ class RetryAdapter(HTTPAdapter):
         if "max_retries" in adapter_kwargs:
             raise TypeError("RetryAdapter decides retries itself; do not pass max_retries")
         super().__init__(max_retries=0, **adapter_kwargs)
-        self.policy = policy if policy is not None else RetryPolicy()
-        self.idempotency_keys = idempotency_keys
-        self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
-        self.clock = clock or SYSTEM_CLOCK
-        self.rng = rng
-        self.guards = guards_for(
-            guards=guards,
-            breaker=breaker,
-            budget=budget,
-            bulkhead=bulkhead,
-            cooldown=cooldown,
-            pacing=pacing,
-            store=store,
+        self._configure(
+            policy=policy,
+            idempotency_keys=idempotency_keys,
+            on_retry=on_retry,
             clock=clock,
             rng=rng,
+            protection=protection_keywords(locals()),
         )
 
     def send(
@@ -120,94 +105,43 @@ class RetryAdapter(HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        method = (request.method or "GET").upper()
-        if (
-            self.idempotency_keys
-            and method in KEYED_METHODS
-            and IDEMPOTENCY_KEY not in request.headers
-        ):
-            request.headers[IDEMPOTENCY_KEY] = new_idempotency_key()
-        has_key = IDEMPOTENCY_KEY in request.headers
-        replayable = _replayable(request.body)
-        # Per-origin protection: the origin's breaker and budget join the policy.
-        guard = self.guards.for_url(request.url or "") if self.guards.enabled else None
-        policy = self.policy if guard is None else guard.policy(self.policy)
-        call = RetryCall(
-            policy,
-            target=lambda: describe(method, request.url or ""),
-            clock=self.clock,
-            rng=self.rng,
-            hooks=self.hooks,
+        url = request.url or ""
+        call = HttpCall(
+            self,
+            request.method or "GET",
+            url,
+            origin_of(url),
+            request.headers,
+            replayable=_replayable(request.body),
+            pairs=_items,
         )
-        while True:
-            if guard is not None:  # the origin's cooldown and pacing
-                first = guard.wait_before(max(0.0, min(call.remaining(), policy.max_wait_s)))
-                if first:
-                    self.clock.sleep(first)
-            with _slot(guard, call):  # the origin's bulkhead
-                permit = call.admit()
-                capped = _cap_timeout(timeout, call.remaining())
+
+        def send_once() -> Outcome:
+            with call.slot():  # the origin's bulkhead
+                capped = _cap_timeout(timeout, call.run.remaining())
                 try:
-                    response = super().send(request, stream, capped, verify, cert, proxies)
+                    response = super(RetryAdapter, self).send(
+                        request, stream, capped, verify, cert, proxies
+                    )
                 except Exception as exc:
-                    kind = _failure_kind(exc)
-                    record_permit(permit, failure=kind is not Failure.FINAL)
-                    if kind is Failure.FINAL:
-                        raise
-                    failure = error_failure(kind, exc, method=method, has_key=has_key)
-                    if not replayable:
-                        raise
-                    action = call.after_failure(failure)
-                    if isinstance(action, GiveUp):
-                        raise
-                else:
-                    maybe = _judge(policy, response, method, has_key, self.clock)
-                    _observe(guard, response, maybe)
-                    record_permit(permit, failure=response.status_code >= 500)  # 5xx count, 4xx not
-                    if maybe is None or not replayable:
-                        return response
-                    action = call.after_failure(maybe)
-                    if isinstance(action, GiveUp):
-                        return response
-                    response.close()
-            self.clock.sleep(action.wait)
+                    return call.error(_failure_kind(exc), exc)
+                status = response.status_code
+                small = status >= 400 and body_worth_reading(
+                    status, response.headers.get("content-length")
+                )
+                body = response.content if small else None
+                outcome, observation = call.settle(response, status, response.headers, body)
+                if observation is not None:
+                    assert call.guard is not None
+                    call.guard.observe(*observation)
+                return outcome
+
+        result: requests.Response = call.run.run(send_once).result()
+        return result
 
 
-def _judge(
-    policy: RetryPolicy, response: requests.Response, method: str, has_key: bool, clock: Clock
-) -> RetryFailure | None:
-    status = response.status_code
-    if status < 400:
-        return None  # success: returned as it is (response_failure judges the rest)
-    small = body_worth_reading(status, response.headers.get("content-length"))
-    return response_failure(
-        policy,
-        status,
-        response.headers.items(),
-        method=method,
-        has_key=has_key,
-        wall_now=clock.time(),
-        body=response.content if small else None,
-        content_type=response.headers.get("content-type"),
-        subject=response,
-    )
-
-
-def _slot(guard: OriginGuard | None, call: RetryCall) -> contextlib.AbstractContextManager[None]:
-    if guard is None:
-        return contextlib.nullcontext()
-    return guard.slot(max(0.0, call.remaining()))
-
-
-def _observe(
-    guard: OriginGuard | None, response: requests.Response, failure: RetryFailure | None
-) -> None:
-    if guard is None:
-        return
-    status = response.status_code
-    if status in COOLDOWN_STATUSES or mentions_quota(k.lower() for k in response.headers):
-        hint = failure.hint if failure is not None else None
-        guard.observe(status, response.headers.items(), hint)
+def _items(headers: Any) -> list[tuple[str, str]]:
+    return list(headers.items())
 
 
 def _cap_timeout(

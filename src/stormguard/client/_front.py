@@ -1,0 +1,182 @@
+# What the two HTTP front ends (httpx, requests) share, with no HTTP library
+# imported: their configuration, and one logical request's facts — its method and
+# idempotency key, whether its body can be replayed, its origin's guard, and the
+# translation of a response or a transport error into the engine's Outcome.
+# Each adapter keeps only what its library spells differently.
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..core._engine import Outcome
+from ..core._outcome import Failure
+from ..core._policy import RetryFailure, RetryPolicy
+from ..protection._origin import COOLDOWN_STATUSES, OriginGuards, guards_for
+from ._driver import Engine, RetryHook, Run
+from ._http import (
+    IDEMPOTENCY_KEY,
+    KEYED_METHODS,
+    describe,
+    error_failure,
+    mentions_quota,
+    new_idempotency_key,
+    response_failure,
+)
+
+__all__ = ["HttpCall", "HttpFront", "Observation", "one_shot", "protection_keywords"]
+
+# What an origin guard observes of a response: status, header pairs, parsed hint.
+Observation = tuple[int, list[tuple[str, str]], float | None]
+
+_PROTECTION = ("breaker", "budget", "bulkhead", "cooldown", "pacing", "store", "guards")
+
+
+def protection_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+    """The per-origin protection keywords among an adapter's ``locals()``."""
+    return {name: keywords[name] for name in _PROTECTION}
+
+
+def one_shot(failure: RetryFailure) -> RetryFailure:
+    """DESIGN rule 5: a body that cannot be replayed is never retried, whoever asks."""
+    return RetryFailure(False, failure.reason + " (one-shot body)", failure.hint)
+
+
+class HttpFront:
+    """The configuration both HTTP adapters take (see RetryTransport's docstring)."""
+
+    policy: RetryPolicy
+    idempotency_keys: bool
+    hooks: tuple[RetryHook, ...]
+    clock: Clock
+    rng: random.Random | None
+    guards: OriginGuards
+    engine: Engine
+
+    def _configure(
+        self,
+        *,
+        policy: RetryPolicy | None,
+        idempotency_keys: bool,
+        on_retry: RetryHook | Sequence[RetryHook],
+        clock: Clock | None,
+        rng: random.Random | None,
+        protection: dict[str, Any],
+    ) -> None:
+        self.policy = policy if policy is not None else RetryPolicy()
+        self.idempotency_keys = idempotency_keys
+        self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
+        self.clock = clock or SYSTEM_CLOCK
+        self.rng = rng
+        self.guards = guards_for(**protection, clock=clock, rng=rng)
+        self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
+
+
+class HttpCall:
+    """One logical HTTP request across its attempts."""
+
+    __slots__ = ("front", "guard", "has_key", "method", "pairs", "replayable", "run")
+
+    def __init__(
+        self,
+        front: HttpFront,
+        method: str,
+        url: str,
+        origin: str,
+        headers: MutableMapping[str, str],
+        *,
+        replayable: bool,
+        pairs: Callable[[Any], list[tuple[str, str]]],
+    ) -> None:
+        self.front = front
+        self.pairs = pairs  # the library's (name, value) list of a header mapping
+        self.method = method = method.upper()
+        if front.idempotency_keys and method in KEYED_METHODS and IDEMPOTENCY_KEY not in headers:
+            headers[IDEMPOTENCY_KEY] = new_idempotency_key()
+        self.has_key = IDEMPOTENCY_KEY in headers
+        self.replayable = replayable
+        # Per-origin protection: the origin's breaker and budget join the policy;
+        # its cooldown and pacing answer the engine's PACE.
+        guards = front.guards
+        guard = self.guard = guards.get(origin) if guards.enabled else None
+        policy = front.policy
+        pace = None
+        if guard is not None:
+            policy = guard.policy(policy)
+            pace = (guard.wait_before, guard.await_before)
+        self.run: Run = front.engine.start(
+            policy, target=lambda: describe(method, url), pace=pace, discard=_DISCARD
+        )
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The call's policy (with the origin's breaker and budget)."""
+        return self.run.conversation.policy
+
+    def slot(self) -> contextlib.AbstractContextManager[None]:
+        """The origin's bulkhead slot for one attempt (waits at most the deadline)."""
+        if self.guard is None:
+            return contextlib.nullcontext()
+        return self.guard.slot(max(0.0, self.run.remaining()))
+
+    def aslot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Async twin of :meth:`slot`."""
+        if self.guard is None:
+            return contextlib.nullcontext()
+        return self.guard.aslot(max(0.0, self.run.remaining()))
+
+    def settle(
+        self, response: Any, status: int, headers: Any, body: bytes | None
+    ) -> tuple[Outcome, Observation | None]:
+        """A response as the attempt's Outcome (5xx count against the server, 4xx
+        not), and what the origin's guard should observe of it (or None).
+
+        ``headers`` is the library's header mapping; ``body`` the small 429/503
+        body already read, if any.
+        """
+        observation: Observation | None = None
+        if self.guard is not None and (
+            status in COOLDOWN_STATUSES or mentions_quota(name.lower() for name in headers)
+        ):
+            observation = (status, self.pairs(headers), None)
+        if status < 400:
+            return Outcome(None, False, response), observation
+        failure = response_failure(
+            self.policy,
+            status,
+            self.pairs(headers) if observation is None else observation[1],
+            method=self.method,
+            has_key=self.has_key,
+            wall_now=self.front.clock.time(),
+            body=body,
+            content_type=headers.get("content-type"),
+            subject=response,
+        )
+        if failure is not None:
+            if observation is not None:  # the guard reuses the hint parsed here
+                observation = (status, observation[1], failure.hint)
+            if not self.replayable:
+                failure = one_shot(failure)
+        return Outcome(failure, status >= 500, response), observation
+
+    def error(self, kind: Failure, exc: Exception) -> Outcome:
+        """A transport error as the attempt's Outcome (FINAL ones end the call)."""
+        if kind is Failure.FINAL:
+            return Outcome(None, False, None, exc)
+        failure = error_failure(kind, exc, method=self.method, has_key=self.has_key)
+        if not self.replayable:
+            failure = one_shot(failure)
+        return Outcome(failure, True, None, exc)
+
+
+def _discard(outcome: Outcome) -> None:
+    outcome.value.close()
+
+
+async def _adiscard(outcome: Outcome) -> None:
+    await outcome.value.aclose()
+
+
+_DISCARD = (_discard, _adiscard)
