@@ -284,3 +284,57 @@ def test_breaker_seam() -> None:
 def test_public_names_are_exported() -> None:
     """The decorator and its companions are reachable from the package root."""
     assert stormguard.retry is retry and "RetryPolicy" in stormguard.__all__
+
+
+@KINDS
+def test_reraise_raises_the_last_exception_itself(kind: str) -> None:
+    """reraise=True: when attempts run out the last exception comes out, not RetryError."""
+    flaky = Flaky(ConnectionError("a"), ConnectionError("b"), ConnectionError("last"))
+    decorator = retry(on=ConnectionError, attempts=3, reraise=True, clock=FakeClock())
+    with pytest.raises(ConnectionError, match="last"):
+        run_sync_or_async(kind, decorator, flaky)
+    assert flaky.calls == 3
+
+
+@KINDS
+def test_reraise_keeps_except_httpx_connect_error_working(kind: str) -> None:
+    """The tenacity/stamina habit: `except httpx.ConnectError` still catches a given-up call."""
+    request = httpx.Request("GET", "http://127.0.0.1:9")
+    flaky = Flaky(*[httpx.ConnectError("refused", request=request)] * 2)
+    decorator = retry(on=httpx.ConnectError, attempts=2, reraise=True, clock=FakeClock())
+    with pytest.raises(httpx.ConnectError):
+        run_sync_or_async(kind, decorator, flaky)
+
+
+@KINDS
+def test_retry_if_false_stops_what_the_table_would_retry(kind: str) -> None:
+    """retry_if returning False ends the call at once; None leaves it to the table."""
+    seen: list[BaseException] = []
+
+    def retry_if(exc: BaseException) -> bool | None:
+        seen.append(exc)
+        return False if "fatal" in str(exc) else None
+
+    flaky = Flaky(OSError("blip"), OSError("fatal"), OSError("never reached"))
+    decorator = retry(on=OSError, retry_if=retry_if, backoff=Constant(0, 0), clock=FakeClock())
+    with pytest.raises(RetryError) as info:
+        run_sync_or_async(kind, decorator, flaky)
+    assert info.value.reason == GiveUpReason.NOT_RETRYABLE
+    assert flaky.calls == 2 and [str(e) for e in seen] == ["blip", "fatal"]
+
+
+@KINDS
+def test_retry_if_true_retries_a_409_on_get(kind: str) -> None:
+    """An HTTPStatusError 409 on GET is final by the table; retry_if can make it retryable."""
+    request = httpx.Request("GET", "https://api.example/x")
+    conflict = httpx.HTTPStatusError(
+        "409", request=request, response=httpx.Response(409, request=request)
+    )
+    flaky = Flaky(conflict)
+
+    def retry_if(exc: BaseException) -> bool | None:
+        response = getattr(exc, "response", None)
+        return True if getattr(response, "status_code", None) == 409 else None
+
+    decorator = retry(retry_if=retry_if, backoff=Constant(0, 0), clock=FakeClock())
+    assert run_sync_or_async(kind, decorator, flaky) == "done" and flaky.calls == 2

@@ -379,3 +379,69 @@ def test_one_shot_body_beats_should_retry_and_retry_if(
         server.url, method="PUT", content=iter([b"a", b"b"]), policy=policy, clock=FakeClock()
     )
     assert result.status == 503 and len(server.received) == 1 and result.records == []
+
+
+def test_retry_if_retries_a_409_on_get(server: ScriptedServer, send: Sender) -> None:
+    """retry_if sees the response: True makes a 409 (outside the table) retryable on GET."""
+    server.script(Step(409), Step(200))
+    seen: list[int] = []
+
+    def retry_if(response: Any) -> bool | None:
+        seen.append(response.status_code)
+        return True if response.status_code == 409 else None
+
+    result = send(server.url, policy=FAST.replace(retry_if=retry_if), clock=FakeClock())
+    assert result.status == 200 and len(server.received) == 2 and seen == [409]
+
+
+def test_retry_if_tells_bad_credentials_403_from_a_rate_limit(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """retry_if=False on a failure the table would retry: returned after one attempt."""
+    server.script(Step(503, body=b"Bad credentials"), Step(200))
+
+    def retry_if(response: Any) -> bool | None:
+        return False if b"Bad credentials" in response.content else None
+
+    result = send(server.url, policy=FAST.replace(retry_if=retry_if), clock=FakeClock())
+    assert result.status == 503 and len(server.received) == 1
+
+
+def test_retry_if_cannot_retry_an_unkeyed_post_that_may_have_been_processed(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """retry_if=True does not repeat an unkeyed POST whose 503 may mean 'processed'."""
+    server.script(Step(503), Step(201))
+    policy = FAST.replace(retry_if=lambda response: True)
+    result = send(server.url, method="POST", content=b"{}", policy=policy, clock=FakeClock())
+    assert result.status == 503 and len(server.received) == 1
+
+
+def test_should_retry_true_beats_the_table_in_every_adapter(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """x-should-retry: true retries even an unkeyed POST 503; false never retries a 429."""
+    server.script(Step(503, {"x-should-retry": "true"}), Step(429, {"x-should-retry": "false"}))
+    result = send(server.url, method="POST", content=b"{}", policy=FAST, clock=FakeClock())
+    assert result.status == 429 and len(server.received) == 2
+
+
+@pytest.mark.parametrize("adapter", ["httpx", "requests"])
+def test_retry_if_keyword_on_the_adapters(server: ScriptedServer, adapter: str) -> None:
+    """RetryTransport(retry_if=...) and RetryAdapter(retry_if=...) join it to the policy."""
+    server.script(Step(409), Step(200))
+
+    def retry_if(response: Any) -> bool | None:
+        return response.status_code == 409 or None
+
+    if adapter == "httpx":
+        transport = RetryTransport(policy=FAST, retry_if=retry_if, clock=FakeClock())
+        with httpx.Client(transport=transport) as client:
+            status = client.get(server.url).status_code
+    else:
+        with requests.Session() as session:
+            session.mount(
+                "http://", RetryAdapter(policy=FAST, retry_if=retry_if, clock=FakeClock())
+            )
+            status = session.get(server.url, timeout=10).status_code
+    assert status == 200 and len(server.received) == 2

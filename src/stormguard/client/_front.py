@@ -26,7 +26,7 @@ from ._http import (
     response_failure,
 )
 
-__all__ = ["HttpCall", "HttpFront", "Observation", "one_shot", "protection_keywords"]
+__all__ = ["HttpCall", "HttpFront", "Observation", "one_shot", "with_retry_if"]
 
 # What an origin guard observes of a response: status, header pairs, parsed hint.
 Observation = tuple[int, list[tuple[str, str]], float | None]
@@ -34,9 +34,10 @@ Observation = tuple[int, list[tuple[str, str]], float | None]
 _PROTECTION = ("breaker", "budget", "bulkhead", "cooldown", "pacing", "store", "guards")
 
 
-def protection_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-    """The per-origin protection keywords among an adapter's ``locals()``."""
-    return {name: keywords[name] for name in _PROTECTION}
+def with_retry_if(policy: RetryPolicy | None, retry_if: Any) -> RetryPolicy:
+    """``policy`` (default ``RetryPolicy()``) with an adapter's ``retry_if`` keyword, if given."""
+    policy = policy if policy is not None else RetryPolicy()
+    return policy if retry_if is None else policy.replace(retry_if=retry_if)
 
 
 def one_shot(failure: RetryFailure) -> RetryFailure:
@@ -55,21 +56,18 @@ class HttpFront:
     guards: OriginGuards
     engine: Engine
 
-    def _configure(
-        self,
-        *,
-        policy: RetryPolicy | None,
-        idempotency_keys: bool,
-        on_retry: RetryHook | Sequence[RetryHook],
-        clock: Clock | None,
-        rng: random.Random | None,
-        protection: dict[str, Any],
-    ) -> None:
-        self.policy = policy if policy is not None else RetryPolicy()
-        self.idempotency_keys = idempotency_keys
+    def _configure(self, keywords: dict[str, Any]) -> None:
+        """Take the adapter's keywords (its ``locals()``): policy, keys, hooks, protection."""
+        policy: RetryPolicy | None = keywords["policy"]
+        on_retry: RetryHook | Sequence[RetryHook] = keywords["on_retry"]
+        clock: Clock | None = keywords["clock"]
+        rng: random.Random | None = keywords["rng"]
+        self.policy = with_retry_if(policy, keywords["retry_if"])
+        self.idempotency_keys = bool(keywords["idempotency_keys"])
         self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
         self.rng = rng
+        protection = {name: keywords[name] for name in _PROTECTION}
         self.guards = guards_for(**protection, clock=clock, rng=rng)
         self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
 

@@ -30,6 +30,7 @@ from ..core._engine import Outcome
 from ..core._headers import parse_retry_after
 from ..core._policy import RetryFailure, RetryPolicy
 from ._driver import Engine, RetryHook, Run
+from ._front import with_retry_if
 from ._http import new_idempotency_key
 
 __all__ = ["AsyncRetryInterceptor", "RetryInterceptor"]
@@ -48,6 +49,14 @@ _SERVER_FAULTS = frozenset(
 )
 _KEY = "idempotency-key"
 _PUSHBACK = "grpc-retry-pushback-ms"
+
+
+class Answer(NamedTuple):
+    """What ``retry_if`` sees of a failed gRPC call (the same for sync and aio)."""
+
+    code: grpc.StatusCode
+    details: str | None
+    trailing_metadata: tuple[tuple[str, Any], ...]
 
 
 class _Details(NamedTuple):
@@ -90,6 +99,7 @@ class _Base:
         self,
         *,
         policy: RetryPolicy | None = None,
+        retry_if: Callable[[Any], bool | None] | None = None,
         idempotent: bool | Collection[str] | Callable[[str], bool] = False,
         retry_codes: Collection[grpc.StatusCode] = DEFAULT_RETRY_CODES,
         idempotency_keys: bool = False,
@@ -97,7 +107,7 @@ class _Base:
         clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.policy = policy if policy is not None else RetryPolicy()
+        self.policy = with_retry_if(policy, retry_if)
         if isinstance(idempotent, bool):
             flag = idempotent
             self._idempotent: Callable[[str], bool] = lambda method: flag
@@ -131,25 +141,23 @@ class _Base:
             return details.timeout  # type: ignore[no-any-return]
         return remaining if details.timeout is None else min(details.timeout, remaining)
 
-    def _judge(self, outcome: Any, code: grpc.StatusCode, trailers: Any, safe: bool) -> Outcome:
+    def _judge(
+        self, outcome: Any, code: grpc.StatusCode, trailers: Any, details: Any, safe: bool
+    ) -> Outcome:
         """One call's answer as the engine's Outcome (server faults count for a breaker)."""
         if code == grpc.StatusCode.OK:
             return Outcome(None, False, outcome)
-        against_server = code in _SERVER_FAULTS
-        reason = f"gRPC {code.name}"
-        if code not in self.retry_codes:
-            return Outcome(RetryFailure(False, reason, subject=outcome), against_server, outcome)
+        refused = code in _REFUSED  # the server did not process it (like HTTP 429)
         forbidden, hint = _pushback(trailers, self.engine.clock.time())
-        refused = code in _REFUSED
         failure = RetryFailure(
-            not forbidden and (safe or refused),
-            reason,
+            code in self.retry_codes and not forbidden and (safe or refused),
+            f"gRPC {code.name}",
             hint,
             should_retry=False if forbidden else None,
             repeat_unsafe=not (safe or refused),
-            subject=outcome,
+            subject=Answer(code, details, tuple(trailers or ())),
         )
-        return Outcome(failure, against_server, outcome)
+        return Outcome(failure, code in _SERVER_FAULTS, outcome)
 
 
 class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
@@ -162,8 +170,10 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     predicate. ``RESOURCE_EXHAUSTED`` is retried for any method; ``UNAVAILABLE``
     and other ``retry_codes`` only for idempotent methods or calls carrying an
     ``idempotency-key`` metadata entry (added once per call with
-    ``idempotency_keys=True``). When the call stops the last outcome is returned
-    as gRPC would have returned it.
+    ``idempotency_keys=True``). ``retry_if`` is called with each failed call's
+    ``Answer`` (``.code``, ``.details``, ``.trailing_metadata``) and returns True,
+    False or None (the table decides). When the call stops the last outcome is returned as gRPC
+    would have returned it.
     """
 
     def intercept_unary_unary(
@@ -183,7 +193,8 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
             )
             outcome = continuation(details, request)
             code = outcome.code()
-            return self._judge(outcome, code, outcome.trailing_metadata(), safe)
+            trailers = outcome.trailing_metadata()
+            return self._judge(outcome, code, trailers, outcome.details(), safe)
 
         return run.run(send).result()
 
@@ -207,6 +218,7 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
             )
             outcome = await continuation(details, request)
             code = await outcome.code()
-            return self._judge(outcome, code, await outcome.trailing_metadata(), safe)
+            trailers = await outcome.trailing_metadata()
+            return self._judge(outcome, code, trailers, await outcome.details(), safe)
 
         return (await run.arun(asend)).result()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -19,7 +19,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, Observation, protection_keywords
+from ._front import HttpCall, HttpFront, Observation
 from ._http import body_worth_reading
 
 __all__ = ["RetryTransport"]
@@ -98,6 +98,10 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     ``transport`` is the inner transport (default: ``httpx.HTTPTransport()`` for
     sync use, ``httpx.AsyncHTTPTransport()`` for async use, created on first use).
     ``policy`` is a :class:`stormguard.RetryPolicy` (default ``RetryPolicy()``).
+    ``retry_if`` (the policy's, given here for short) is called with each failed
+    response or transport error and returns ``True`` (retry it, e.g. a 409 on GET),
+    ``False`` (never, e.g. a "Bad credentials" 403) or ``None`` (the table decides);
+    it cannot make an unkeyed POST that may have been processed retryable.
     With ``idempotency_keys=True`` a POST or PATCH without an ``Idempotency-Key``
     gets one (UUID4) before its first attempt, reused on every retry. When the
     call stops, the last response is returned as it is (its status tells the
@@ -127,6 +131,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         *,
         policy: RetryPolicy | None = None,
+        retry_if: Callable[[Any], bool | None] | None = None,
         idempotency_keys: bool = False,
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
@@ -142,14 +147,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._inner = transport
         self._sync_inner: httpx.BaseTransport | None = None
         self._async_inner: httpx.AsyncBaseTransport | None = None
-        self._configure(
-            policy=policy,
-            idempotency_keys=idempotency_keys,
-            on_retry=on_retry,
-            clock=clock,
-            rng=rng,
-            protection=protection_keywords(locals()),
-        )
+        self._configure(locals())
 
     # -- delegation -------------------------------------------------------------
 

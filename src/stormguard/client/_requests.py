@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import requests
@@ -23,7 +23,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards, origin_of
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, protection_keywords
+from ._front import HttpCall, HttpFront
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
@@ -71,6 +71,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         self,
         *,
         policy: RetryPolicy | None = None,
+        retry_if: Callable[[Any], bool | None] | None = None,
         idempotency_keys: bool = False,
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
@@ -87,14 +88,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         if "max_retries" in adapter_kwargs:
             raise TypeError("RetryAdapter decides retries itself; do not pass max_retries")
         super().__init__(max_retries=0, **adapter_kwargs)
-        self._configure(
-            policy=policy,
-            idempotency_keys=idempotency_keys,
-            on_retry=on_retry,
-            clock=clock,
-            rng=rng,
-            protection=protection_keywords(locals()),
-        )
+        self._configure(locals())
 
     def send(
         self,
