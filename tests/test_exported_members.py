@@ -53,7 +53,7 @@ PROMISED = {
         "RetryBudget",
     ],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],
-    "stormguard.testing": ["FakeClock"],
+    "stormguard.testing": ["FakeClock", "MockFactory", "MockServer"],
     "stormguard.mock": [
         "Checker",
         "MockServer",
