@@ -103,6 +103,9 @@ class RateLimit:
     per: Literal["client", "global"] = "client"
     headers: Literal["github", "ietf", "openai", "stripe"] = "ietf"
     algorithm: Literal["fixed-window", "token-bucket"] = "fixed-window"
+    status: int = 429  # the refusal's status: 429, or 403 as GitHub also answers
+    retry_after: bool = True  # the refusal carries Retry-After (GitHub's primary does not)
+    secondary: bool = False  # a GitHub secondary limit: Retry-After, no X-RateLimit-*
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +494,17 @@ class _Validator:
         return Delay("lognormal", median=median, sigma=sigma, cap=cap)
 
     def rate_limit(self, raw: Any, path: FieldPath) -> RateLimit | None:
-        data = self.mapping(raw, path, ("limit", "window", "per", "headers", "algorithm"))
+        allowed = (
+            "limit",
+            "window",
+            "per",
+            "headers",
+            "algorithm",
+            "status",
+            "retry_after",
+            "secondary",
+        )
+        data = self.mapping(raw, path, allowed)
         if data is None:
             return None
         before = len(self.errors)
@@ -505,6 +518,16 @@ class _Validator:
         algorithm = self.choice(
             data.get("algorithm", "fixed-window"), (*path, "algorithm"), ALGORITHMS
         )
+        status = data.get("status", 429)
+        if status not in (403, 429) or isinstance(status, bool):
+            self.err((*path, "status"), f"expected 429 or 403, got {_short(status)}")
+        flags = {}
+        for name, default in (("retry_after", True), ("secondary", False)):
+            flags[name] = data.get(name, default)
+            if not isinstance(flags[name], bool):
+                self.err((*path, name), f"expected true or false, got {_kind(flags[name])}")
+        if flags["secondary"] is True and style != "github":
+            self.err((*path, "secondary"), "a secondary limit is GitHub's: needs headers: github")
         if len(self.errors) > before or limit is None or window is None:
             return None
         return RateLimit(
@@ -513,6 +536,9 @@ class _Validator:
             per=per,  # type: ignore[arg-type]
             headers=style,  # type: ignore[arg-type]
             algorithm=algorithm,  # type: ignore[arg-type]
+            status=status,
+            retry_after=flags["retry_after"],
+            secondary=flags["secondary"],
         )
 
 

@@ -101,8 +101,8 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ScenarioError(f"{source}{line}: invalid YAML: {exc.problem or exc}") from None
     except yaml.reader.ReaderError as exc:
-        line = _line_of(text, exc.position)
-        raise ScenarioError(f"{source}:{line}: invalid YAML: {exc.reason}") from None
+        where = _line_of(text, exc.position)
+        raise ScenarioError(f"{source}:{where}: invalid YAML: {exc.reason}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{source}:1: invalid YAML: {exc}") from None
     if node is None:
