@@ -4,7 +4,6 @@ are not flagged while true violations still are."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +44,11 @@ def entry(id: int, time: float, **fields: Any) -> dict[str, Any]:
         ('"text"', "got str"),
         ("42", "got int"),
         ("{", "not JSON"),
-        ('[{"id": 1, "time": "x", "method": "GET", "path": "/", "status": 200, "outcome": "ok"}]',
-         "time is str"),
+        (
+            '[{"id": 1, "time": "x", "method": "GET", "path": "/", "status": 200, '
+            '"outcome": "ok"}]',
+            "time is str",
+        ),
     ],
 )
 def test_verify_rejects_files_that_are_not_journals(
@@ -98,9 +100,7 @@ def test_a_paginating_client_is_not_flagged() -> None:
 
 def test_a_polling_client_is_not_flagged() -> None:
     """Seven polls of one job, each answered 200 with Retry-After 2: seven operations."""
-    journal = [
-        entry(n + 1, 100.0 + n * 0.5, path="/v1/jobs/7", retry_after=2.0) for n in range(7)
-    ]
+    journal = [entry(n + 1, 100.0 + n * 0.5, path="/v1/jobs/7", retry_after=2.0) for n in range(7)]
     report = check_journal(journal)
     assert report.ok, report.summary()
     assert len(report.operations) == 7

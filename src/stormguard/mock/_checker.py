@@ -66,6 +66,7 @@ _FAULTS = frozenset(
         "commit-then-reset",
         "commit-then-504",
         "client-gone",
+        "send-failed",
     }
 )
 
