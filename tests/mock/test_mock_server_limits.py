@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -243,6 +244,22 @@ def test_a_client_that_ignores_the_github_reset_is_flagged() -> None:
         report = mock.check(retryable_statuses={403, 429})
     assert codes == [403, 403]
     assert "early-retry" in report.kinds()
+
+
+def test_the_github_example_plays_both_limits() -> None:
+    """examples/github.yaml: a primary 403 without Retry-After, a secondary 403 with it."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "github.yaml"
+    with MockServer(example) as mock, httpx.Client(base_url=mock.url) as client:
+        reads = [client.get("/repos/octo/hello") for _ in range(6)]
+        posts = [client.post("/repos/octo/hello/issues", json={}) for _ in range(3)]
+        credentials = client.get("/user")
+    assert [r.status_code for r in reads] == [200] * 5 + [403]
+    assert reads[-1].headers["x-ratelimit-remaining"] == "0"
+    assert "retry-after" not in reads[-1].headers
+    assert [p.status_code for p in posts] == [201, 201, 403]
+    assert "retry-after" in posts[-1].headers
+    assert credentials.status_code == 403
+    assert "x-ratelimit-remaining" not in credentials.headers
 
 
 @pytest.mark.parametrize(
