@@ -175,3 +175,12 @@ def test_valid_headers_still_load() -> None:
         {"routes": [{"match": {"path": "/"}, "sequence": [{"headers": {"Retry-After": 2}}]}]}
     )
     assert scenario.routes[0].sequence[0].headers == (("Retry-After", "2"),)
+
+
+def test_a_deep_body_from_python_is_an_error() -> None:
+    """A 3,000-deep body given as a dict is a field error, not RecursionError."""
+    body: dict[str, object] = {}
+    for _ in range(3000):
+        body = {"a": body}
+    with pytest.raises(ScenarioError, match=r"routes\[0\]\.sequence\[0\]\.body: cannot be sent"):
+        parse_scenario({"routes": [{"match": {"path": "/"}, "sequence": [{"body": body}]}]})

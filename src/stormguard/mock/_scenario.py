@@ -399,7 +399,7 @@ class _Validator:
             elif isinstance(raw_body, Mapping | list):
                 try:
                     body = json.dumps(raw_body, separators=(",", ":"), allow_nan=False).encode()
-                except (TypeError, ValueError) as exc:  # a date, a set, NaN, a non-string key
+                except (TypeError, ValueError, RecursionError) as exc:  # a date, NaN, ...
                     self.err((*path, "body"), f"cannot be sent as JSON: {exc}")
                 if not any(k.lower() == "content-type" for k, _ in headers):
                     headers.append(("Content-Type", "application/json"))
