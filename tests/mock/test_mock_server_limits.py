@@ -176,20 +176,15 @@ def test_a_bad_key_on_a_plain_route_is_not_judged(stormguard_mock: Factory) -> N
 # --- item 6: GitHub's own rate-limit answers -------------------------------------------
 
 
+def github_limit(**options: Any) -> dict[str, Any]:
+    """A one-request GitHub-style limit over 30 s with the given options."""
+    return one_route(rate_limit={"limit": 1, "window": 30, "headers": "github", **options})
+
+
 @pytest.mark.parametrize("status", [403, 429])
 def test_github_primary_limit(stormguard_mock: Factory, status: int) -> None:
     """Primary limit: 403 or 429 with remaining 0 and the reset epoch, no Retry-After."""
-    mock = stormguard_mock(
-        one_route(
-            rate_limit={
-                "limit": 1,
-                "window": 30,
-                "headers": "github",
-                "status": status,
-                "retry_after": False,
-            }
-        )
-    )
+    mock = stormguard_mock(github_limit(status=status, retry_after=False))
     with httpx.Client() as client:
         ok = client.get(mock.url + "/x")
         refused = client.get(mock.url + "/x")
@@ -206,17 +201,7 @@ def test_github_primary_limit(stormguard_mock: Factory, status: int) -> None:
 
 def test_github_secondary_limit(stormguard_mock: Factory) -> None:
     """Secondary limit: 403 with Retry-After, and no exhausted X-RateLimit-Remaining."""
-    mock = stormguard_mock(
-        one_route(
-            rate_limit={
-                "limit": 1,
-                "window": 30,
-                "headers": "github",
-                "status": 403,
-                "secondary": True,
-            }
-        )
-    )
+    mock = stormguard_mock(github_limit(status=403, secondary=True))
     with httpx.Client() as client:
         client.get(mock.url + "/x")
         refused = client.get(mock.url + "/x")
@@ -229,16 +214,7 @@ def test_github_secondary_limit(stormguard_mock: Factory) -> None:
 
 def test_a_client_that_ignores_the_github_reset_is_flagged() -> None:
     """Retrying a primary-limit 403 before X-RateLimit-Reset is an early retry."""
-    scenario = one_route(
-        rate_limit={
-            "limit": 1,
-            "window": 30,
-            "headers": "github",
-            "status": 403,
-            "retry_after": False,
-        }
-    )
-    with MockServer(scenario) as mock, httpx.Client() as client:
+    with MockServer(github_limit(status=403, retry_after=False)) as mock, httpx.Client() as client:
         client.get(mock.url + "/x")
         codes = [client.get(mock.url + "/x").status_code for _ in range(2)]
         report = mock.check(retryable_statuses={403, 429})

@@ -250,34 +250,19 @@ class MockServer:
         task = asyncio.current_task()
         assert task is not None
         if len(self._connections) >= self.max_connections:
-            with contextlib.suppress(Exception):
-                writer.write(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                    b"Retry-After: 1\r\nConnection: close\r\n\r\n"
-                )
-                await writer.drain()
-            _abort(writer)
+            await _close_with(writer, b"503 Service Unavailable", b"Retry-After: 1\r\n")
             return
         self._connections.add(task)
         try:
             await self._connection(reader, writer)
         except _ReadTimeout as exc:
-            if exc.started:
-                with contextlib.suppress(Exception):
-                    writer.write(
-                        b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n"
-                        b"Connection: close\r\n\r\n"
-                    )
-                    await writer.drain()
-            _abort(writer)
+            if exc.started:  # part of a request came: say why it is dropped
+                await _close_with(writer, b"408 Request Timeout")
+            else:
+                _abort(writer)
         except h11.RemoteProtocolError:
             # Not HTTP/1.1 we can parse: answer 400 when we still can, then close.
-            with contextlib.suppress(Exception):
-                writer.write(
-                    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                )
-                await writer.drain()
-            _abort(writer)
+            await _close_with(writer, b"400 Bad Request")
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             _abort(writer)
         except Exception:
@@ -489,6 +474,21 @@ async def _send(
     data += conn.send(h11.EndOfMessage()) or b""
     writer.write(data)
     await writer.drain()
+
+
+async def _close_with(writer: asyncio.StreamWriter, status: bytes, headers: bytes = b"") -> None:
+    # An answer written by hand (the connection is not in a state h11 can answer
+    # from), then the connection is dropped.
+    with contextlib.suppress(Exception):
+        writer.write(
+            b"HTTP/1.1 "
+            + status
+            + b"\r\nContent-Length: 0\r\n"
+            + headers
+            + b"Connection: close\r\n\r\n"
+        )
+        await writer.drain()
+    _abort(writer)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
