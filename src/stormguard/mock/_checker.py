@@ -324,7 +324,10 @@ class Checker:
         found = []
         for attempts in by_request.values():
             for prev, cur in itertools.pairwise(attempts):
-                if not _failed(prev) or prev.get("idempotency_key") == cur.get("idempotency_key"):
+                same_key = (prev.get("idempotency_key") or None) == (
+                    cur.get("idempotency_key") or None
+                )
+                if not _failed(prev) or same_key:
                     continue
                 if _starts_anew(prev, cur):
                     continue  # the client says this is a new operation
