@@ -79,7 +79,9 @@ def test_a_few_aliases_still_work() -> None:
 def test_deep_nesting_is_a_line_error(tmp_path: Path, name: str, text: str, line: int) -> None:
     """3,000 levels of nesting give `file:line: nested deeper`, not RecursionError."""
     message = load_bytes(tmp_path, name, text.encode())
-    assert message.startswith(f"{name}:{line}: nested deeper than 64 levels")
+    assert message.startswith(f"{name}:{line}: ")
+    # our bound (64 levels), or libyaml's own when PyYAML is built with it
+    assert "nested deeper than 64 levels" in message or "maximum nesting depth" in message
 
 
 @pytest.mark.parametrize(

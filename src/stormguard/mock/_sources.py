@@ -93,9 +93,12 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:
     except ImportError as exc:  # pragma: no cover - needs the extra missing
         raise MissingExtra("yaml", "mock") from exc
     text = check_text(text, source)
+    # libyaml when PyYAML has it (ten times faster); its composer recurses too, and
+    # the event pass below bounds the depth first either way.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        _check_yaml_events(yaml, text, source)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_yaml_events(yaml, loader, text, source)
+        node = yaml.compose(text, Loader=loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -177,11 +180,11 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[FieldPath, int]]:
     return data, lines
 
 
-def _check_yaml_events(yaml: Any, text: str, source: str) -> None:
+def _check_yaml_events(yaml: Any, loader: Any, text: str, source: str) -> None:
     # One pass over the event stream (no recursion, nothing composed): depth, count
     # of values and of aliases, each refused at the line where the bound is crossed.
     depth = values = aliases = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             values += 1
@@ -286,7 +289,8 @@ def _toml_lines(text: str) -> dict[FieldPath, int]:
                     if key in counters:  # an array of tables: the current element
                         path.append(counters[key])
             table = tuple(path)
-            lines.setdefault(table, number)
+            for end in range(1, len(table) + 1):  # [a.b.c] also places a and a.b
+                lines.setdefault(table[:end], number)
             if is_array:
                 lines.setdefault(table[:-1], number)
             continue
@@ -294,4 +298,5 @@ def _toml_lines(text: str) -> dict[FieldPath, int]:
         if key_match:
             names = [part.strip().strip("\"'") for part in key_match.group(1).split(".")]
             lines.setdefault((*table, *names), number)
+    lines.setdefault((), 1)  # a mistake with no line of its own points at the top
     return lines
