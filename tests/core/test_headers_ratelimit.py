@@ -696,3 +696,13 @@ def test_any_now_never_raises(headers: list[tuple[str, str]], now: float) -> Non
     """Valid values read against any now, even NaN or infinite, give valid quotas."""
     for quota in parse_rate_limits(headers, now=now):
         assert quota.reset_after is None or quota.reset_after >= 0
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["default;l=100;w=10", '"default";l=100;w=10', "default;q=100;w=10"],
+    ids=["l-token", "l-string", "q-token"],
+)
+def test_ietf_policy_l_spelling_gives_the_limit(policy: str) -> None:
+    """RateLimit-Policy: default;l=100;w=10 (IETF 117 proposal) gives limit 100, as q= does."""
+    check({"RateLimit-Policy": policy}, (Quota("default", 100.0, None, None, 10.0),))

@@ -55,6 +55,7 @@ __all__ = ["HeadersLike", "Quota", "parse_rate_limits"]
 # scanner in _ratelimit_values, covering every draft shape:
 #   RateLimit: limit=10, remaining=5, reset=3      + RateLimit-Policy: 10;w=60
 #   RateLimit: "default";r=50;t=30                 + RateLimit-Policy: "default";q=100;w=60
+#   RateLimit-Policy: default;l=100;w=10           (`l=` for the quota, IETF 117 proposal)
 # Extra list items in a limit field ("X-RateLimit-Limit: 10, 10;w=1, 1000;w=3600",
 # Envoy and IETF draft 00-02) are policies: the one whose quota equals the limit
 # lends its window (and name) to the quota; the others become Quotas of their own
@@ -161,8 +162,14 @@ def _text(raw: object) -> str | None:
     return None
 
 
+# Other hint fields collected in the same pass, kept in `fields` under their own
+# names (which _classify does not take for rate-limit fields): retry-after-ms
+# (OpenAI, Anthropic) and the servers' should-retry verdicts.
+HINT_FIELDS = frozenset({"retry-after-ms", "x-should-retry", "stripe-should-retry"})
+
+
 def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
-    """Retry-After values and rate-limit fields by lower-case name, in order."""
+    """Retry-After values, and rate-limit and HINT_FIELDS by lower-case name, in order."""
     retry_after: list[str] = []
     fields: dict[str, list[str]] = {}
     items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
@@ -181,7 +188,7 @@ def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
         if lname == "retry-after":
             if len(retry_after) < _MAX_REPEATS:
                 retry_after.append(value)
-        elif "rate" in lname:
+        elif "rate" in lname or lname in HINT_FIELDS:
             values = fields.get(lname)
             if values is None:
                 fields[lname] = [value]
@@ -302,8 +309,8 @@ def _read_ietf_policy(
         if key is not None or name is None:
             continue
         entry = named.setdefault(name, [None, None, None, None])
-        if entry[0] is None:
-            entry[0] = _non_negative(params.get("q"))
+        if entry[0] is None:  # q= (draft 08+); l= (the IETF 117 proposal, early servers)
+            entry[0] = _non_negative(params.get("q", params.get("l")))
         if entry[3] is None:
             entry[3] = _positive(params.get("w"))
 
