@@ -1,4 +1,4 @@
-"""Fuzz: 100,000+ random and mutated header values through all three parsers, no exceptions."""
+"""Fuzz: 100,000+ mutated header values, and a hostile sample through all four parsers."""
 
 from __future__ import annotations
 
@@ -173,3 +173,17 @@ def test_mutations_reach_every_kind() -> None:
     assert any(len(value) >= 10_000 for value in values)
     assert any(isinstance(value, bytes) for value in values)
     assert any(isinstance(value, str) and not value.isascii() for value in values)
+
+
+HOSTILE_SAMPLE = 20_000
+
+
+def test_hostile_sample_escapes_nothing() -> None:
+    """20,000 hostile values (huge ints, NaN, Unicode digits, 1 MB, nested JSON) raise nothing."""
+    from bench.fuzz_headers import run
+
+    report = run(HOSTILE_SAMPLE, seed=7)
+    assert report.escapes == 0, report.examples
+    assert report.values == HOSTILE_SAMPLE
+    assert set(report.kinds) >= {"json-body", "nested-json", "one-megabyte", "unicode"}
+    assert report.returned["wait_hint_from_body"] > 0  # the sample also parses real hints

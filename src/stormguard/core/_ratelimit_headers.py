@@ -81,6 +81,7 @@ HeadersLike: TypeAlias = (
 )
 
 _MAX_FIELD = 2048
+_MAX_NAME = 128  # no rate-limit field name is longer; a longer one is not looked at
 _MAX_REPEATS = 32
 
 _WINDOWS = {
@@ -180,7 +181,7 @@ def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
             continue  # not a pair
         name = raw_name if isinstance(raw_name, str) else _text(raw_name)
         value = raw_value if isinstance(raw_value, str) else _text(raw_value)
-        if name is None or value is None or len(value) > _MAX_FIELD:
+        if name is None or value is None or len(value) > _MAX_FIELD or len(name) > _MAX_NAME:
             continue
         lname = name.lower()
         if lname[-1:] in _WS or lname[:1] in _WS:
