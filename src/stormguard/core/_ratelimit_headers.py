@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, TypeAlias
 
+from .._errors import ConfigError
 from ._ratelimit_values import (
     _WS,
     _ambiguous_reset,
@@ -134,7 +135,7 @@ class Quota:
         for field_name in ("limit", "remaining", "reset_after", "window"):
             value = getattr(self, field_name)
             if value is not None and not value >= 0:
-                raise ValueError(f"Quota.{field_name} must be >= 0, got {value!r}")
+                raise ConfigError(field_name, f"must be >= 0, got {value!r}")
 
 
 @dataclass(slots=True)
