@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import test_http_adapters as adapters
 from http_support import ScriptedServer, Step
-from test_http_adapters import FAST, Sender, send_httpx_async, send_httpx_sync, send_requests
+from test_http_adapters import FAST, Sender
 
 from stormguard import RetryPolicy
 from stormguard.testing import FakeClock
@@ -12,14 +13,7 @@ from stormguard.testing import FakeClock
 WALL = 1_700_000_000  # FakeClock's wall time at monotonic 0
 
 
-@pytest.fixture(
-    params=[send_httpx_sync, send_httpx_async, send_requests],
-    ids=["httpx", "httpx-async", "requests"],
-)
-def send(request: pytest.FixtureRequest) -> Sender:
-    """Each adapter in turn (the senders of test_http_adapters)."""
-    sender: Sender = request.param
-    return sender
+send = adapters.send  # the fixture: each adapter in turn
 
 
 def test_github_403_with_remaining_0_is_retried_after_the_reset(
@@ -56,22 +50,29 @@ def test_github_403_bad_credentials_is_returned_after_one_attempt(
     assert result.status == 403 and len(server.received) == 1
 
 
-def test_x_should_retry_false_is_returned_after_one_attempt(
-    server: ScriptedServer, send: Sender
+@pytest.mark.parametrize(
+    ("status", "headers", "method", "final", "attempts"),
+    [
+        (503, {"x-should-retry": "false"}, "GET", 503, 1),
+        (429, {"X-Should-Retry": "FALSE"}, "POST", 429, 1),
+        (500, {"Stripe-Should-Retry": "true"}, "POST", 200, 2),
+        (409, {"x-should-retry": "true"}, "POST", 200, 2),
+    ],
+    ids=["false-503-get", "false-429-post", "stripe-true-500-post", "true-409-post"],
+)
+def test_should_retry_headers_decide_before_the_table(
+    server: ScriptedServer,
+    send: Sender,
+    status: int,
+    headers: dict[str, str],
+    method: str,
+    final: int,
+    attempts: int,
 ) -> None:
-    """x-should-retry: false on a 503 GET: never retried."""
-    server.script(Step(503, {"x-should-retry": "false"}), Step(200))
-    result = send(server.url, policy=FAST, clock=FakeClock())
-    assert result.status == 503 and len(server.received) == 1
-
-
-def test_stripe_should_retry_true_retries_an_unkeyed_post_500(
-    server: ScriptedServer, send: Sender
-) -> None:
-    """Stripe-Should-Retry: true retries a POST without a key on a 500 (outside the table)."""
-    server.script(Step(500, {"Stripe-Should-Retry": "true"}), Step(200))
-    result = send(server.url, method="POST", policy=FAST, clock=FakeClock(), content=b"{}")
-    assert result.status == 200 and len(server.received) == 2
+    """should-retry false: never retried; true: retried, even an unkeyed POST outside the table."""
+    server.script(Step(status, headers), Step(200))
+    result = send(server.url, method=method, policy=FAST, clock=FakeClock(), content=b"{}")
+    assert result.status == final and len(server.received) == attempts
 
 
 def test_retry_after_ms_sets_the_wait(server: ScriptedServer, send: Sender) -> None:
