@@ -81,11 +81,14 @@ NAMES = [
     "x-ratelimit-reset-after",
     "x-ratelimit-used",
     "x-ratelimit-resource",
+    "x-ratelimit-bucket",
     "x-rate-limit-reset",
     "x-ratelimit-remaining-minute",
+    "x-ratelimit-remaining-videos-hour",
     "x-ratelimit-reset-tokens",
     "anthropic-ratelimit-input-tokens-reset",
     "stripe-ratelimit-remaining",
+    "X-RATELIMIT-POLICY",
 ]
 CONTEXT = [
     ("x-ratelimit-limit", "60"),
