@@ -204,3 +204,19 @@ def test_a_real_paginating_and_polling_client_pass() -> None:
     assert polls == [202] * 7
     assert report.ok, report.summary()
     assert len(report.operations) == 32
+
+
+@pytest.mark.parametrize(
+    ("first", "flagged"),
+    [
+        ({"status": 403, "outcome": "rate-limited", "retry_after": 1.0}, False),
+        ({"status": 403, "outcome": "error", "retry_after": 2.0}, False),
+        ({"status": 403, "outcome": "error"}, True),
+    ],
+)
+def test_a_github_rate_limit_403_may_be_retried(first: dict[str, Any], flagged: bool) -> None:
+    """A 403 refusing for a rate limit counts as 429; "Bad credentials" must not be retried."""
+    journal = [entry(1, 100.0, method="POST", **first), entry(2, 103.0, method="POST")]
+    report = check_journal(journal)
+    assert ("non-retryable-retried" in report.kinds()) is flagged
+    assert "unsafe-retry" not in report.kinds()

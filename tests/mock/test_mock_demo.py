@@ -122,3 +122,14 @@ def test_demo_command_offers_the_limit_styles() -> None:
     """The demo's help names both refusal styles."""
     result = CliRunner().invoke(demo_command, ["--help"])
     assert "--limit-style [github|stripe]" in result.output
+
+
+def test_demo_github_style_stormguard_waits_for_the_reset() -> None:
+    """Against GitHub-style 403s, stormguard's client waits for the reset and pays everything."""
+    console = Console(file=io.StringIO(), width=100)
+    _, guarded = run_demo(
+        payments=24, clients=6, seed=3, rate_limit=12, limit_style="github", console=console
+    )
+    assert guarded.succeeded == 24
+    assert guarded.double_charges == 0
+    assert sum(guarded.violations.values()) == 0

@@ -18,7 +18,8 @@
 # Violations (kind: meaning):
 #   early-retry            the next attempt came sooner than the Retry-After it was given
 #   non-retryable-retried  an error status outside the retryable set was retried
-#                          (408, 425, 429, 502, 503, 504: stormguard's decision table)
+#                          (408, 425, 429, 502, 503, 504: stormguard's decision table;
+#                          a 403 refusing for a rate limit, GitHub-style, counts as 429)
 #   unsafe-retry           POST/PATCH without an Idempotency-Key retried after a failure
 #                          that may have been processed (anything but 429: 5xx, reset,
 #                          empty or broken response, timeout)
@@ -170,6 +171,16 @@ def _failed(entry: Mapping[str, Any]) -> bool:
     return entry.get("outcome") in _FAULTS or status is None or int(status) >= 400
 
 
+def _judged_status(entry: Mapping[str, Any]) -> int | None:
+    # A GitHub-style 403 that refused for a rate limit (the mock's own limiter, or an
+    # answer that asked for a wait) is judged as the 429 it stands for.
+    status = entry.get("status")
+    if status is None:
+        return None
+    refusal = entry.get("outcome") == "rate-limited" or entry.get("retry_after") is not None
+    return 429 if int(status) == 403 and refusal else int(status)
+
+
 def _maybe_processed(entry: Mapping[str, Any]) -> bool:
     # Anything but 429 (and a 4xx the server rejected up front) may have been
     # processed: the server got the request and then the answer was lost or failed.
@@ -273,14 +284,14 @@ class Checker:
                     ids,
                 )
             )
-        status = prev.get("status")
+        status = _judged_status(prev)
         retryable = self.retryable_statuses
-        if status is not None and int(status) >= 400 and int(status) not in retryable:
+        if status is not None and status >= 400 and status not in retryable:
             found.append(
                 Violation(
                     "non-retryable-retried",
                     op_id,
-                    f"{what}: retried after {status}, which must not be retried",
+                    f"{what}: retried after {prev.get('status')}, which must not be retried",
                     ids,
                 )
             )
@@ -331,12 +342,8 @@ class Checker:
                     continue
                 if _starts_anew(prev, cur):
                     continue  # the client says this is a new operation
-                status = prev.get("status")
-                if (
-                    status is not None
-                    and 400 <= int(status) < 500
-                    and int(status) not in (_RETRYABLE_4XX)
-                ):
+                status = _judged_status(prev)
+                if status is not None and 400 <= status < 500 and status not in _RETRYABLE_4XX:
                     continue  # a rejected request: a new key is a new attempt
                 found.append(
                     Violation(
