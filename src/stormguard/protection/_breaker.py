@@ -32,11 +32,11 @@ from types import CoroutineType, TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._errors import CircuitOpen, ConfigError, StoreError
+from .._errors import CircuitOpen, ConfigError
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
+from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
 from ._breaker_store import BreakerStore, RemoteAdmission
 from ._permit import BreakerEvent, EventKind, Listener, Permit
-from ._shared import Shared, logger
 
 __all__ = ["CircuitBreaker"]
 
@@ -92,6 +92,7 @@ class CircuitBreaker:
         "_clock",
         "_config",
         "_core",
+        "_health",
         "_is_failure",
         "_last_gen",
         "_last_state",
@@ -100,7 +101,6 @@ class CircuitBreaker:
         "_monotonic",
         "_pending",
         "_rng",
-        "_shared",
         "_slow",
         "_store",
         "name",
@@ -161,19 +161,18 @@ class CircuitBreaker:
         self.name = name
         self._last_state: BreakerState = "closed"
         self._last_gen = 0
-        self._shared: Shared | None = None
+        self._health = StoreHealth(
+            f"circuit breaker {name!r}",
+            clock=self._clock,
+            retry_after=store_retry,
+            on_change=self._store_changed,
+        )
         self._store: BreakerStore | None = None
         if store is not None:
             if not name:
                 raise ConfigError("name", "a breaker shared through a store needs a name")
-            self._shared = Shared(
-                store,
-                label=f"circuit breaker {name!r}",
-                clock=self._clock,
-                retry_after=store_retry,
-                on_change=self._store_changed,
-            )
-            self._store = BreakerStore(self._shared, name, config, self._rng)
+            scripts = ScriptStore(store, self._health.label)
+            self._store = BreakerStore(scripts, name, config, self._rng)
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker {self.name or hex(id(self))} {self._last_state}>"
@@ -187,35 +186,22 @@ class CircuitBreaker:
 
     def acquire(self) -> Permit:
         """Ask to run one call; raises :class:`CircuitOpen` when refused."""
-        shared = self._shared
-        if shared is None:
+        store = self._store
+        if store is None:
             admission = self._core.closed_admission
             if admission is not None:
                 return Permit(self, admission, self._monotonic())
-        if shared is not None and shared.usable():
-            assert self._store is not None
-            try:
-                reply = self._store.acquire()
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return self._remote_permit(reply)
-        return self._local_acquire()
+            return self._local_acquire()
+        reply = self._health.call(store.acquire, _no_reply)
+        return self._local_acquire() if reply is None else self._remote_permit(reply)
 
     async def aacquire(self) -> Permit:
         """Async twin of :meth:`acquire` (awaits the store when it is shared)."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            assert self._store is not None
-            try:
-                reply = await self._store.aacquire()
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return self._remote_permit(reply)
-        return self._local_acquire()
+        store = self._store
+        if store is None:
+            return self.acquire()
+        reply = await self._health.acall(store.aacquire, _no_reply)
+        return self._local_acquire() if reply is None else self._remote_permit(reply)
 
     def _local_acquire(self) -> Permit:
         now = self._monotonic()
@@ -246,16 +232,16 @@ class CircuitBreaker:
     def _record(self, permit: Permit, failure: bool, outcome: str) -> None:
         now = self._monotonic()
         if permit._remote:
-            assert self._shared is not None and self._store is not None
-            adm = permit._admission
-            try:
-                state, _ = self._store.record(
-                    adm.generation, adm.probe, permit._lease_id, self._judged(permit, now, outcome)
-                )
-            except StoreError as exc:
-                self._shared.failed(exc)  # the outcome is lost; the local core decides now
-            else:
-                self._observe_remote(state)
+            store = self._store
+            assert store is not None
+            adm, verdict = permit._admission, self._judged(permit, now, outcome)
+            # On a store failure the outcome is lost; the local core decides from now.
+            reply = self._health.call(
+                lambda: store.record(adm.generation, adm.probe, permit._lease_id, verdict),
+                _no_reply,
+            )
+            if reply is not None:
+                self._observe_remote(reply[0])
             return
         admission = permit._admission
         if outcome == "release":
@@ -282,17 +268,15 @@ class CircuitBreaker:
         if not permit._remote:
             self._record(permit, failure, outcome)
             return
-        assert self._shared is not None and self._store is not None
-        now = self._monotonic()
-        adm = permit._admission
-        try:
-            state, _ = await self._store.arecord(
-                adm.generation, adm.probe, permit._lease_id, self._judged(permit, now, outcome)
-            )
-        except StoreError as exc:
-            self._shared.failed(exc)
-        else:
-            self._observe_remote(state)
+        store = self._store
+        assert store is not None
+        adm, verdict = permit._admission, self._judged(permit, self._monotonic(), outcome)
+        reply = await self._health.acall(
+            lambda: store.arecord(adm.generation, adm.probe, permit._lease_id, verdict),
+            _no_reply,
+        )
+        if reply is not None:
+            self._observe_remote(reply[0])
 
     def _judged(self, permit: Permit, now: float, outcome: str) -> str:
         # The store's scripts get the verdict; slow_call is judged here, on our clock.
@@ -306,7 +290,7 @@ class CircuitBreaker:
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` if the breaker admits it; raises CircuitOpen."""
         core = self._core
-        admission = core.closed_admission if self._shared is None else None
+        admission = core.closed_admission if self._store is None else None
         if admission is None:
             return self._call_permit(fn, *args, **kwargs)
         # Fast path, local and closed: admission is one atomic read (no lock).
@@ -488,7 +472,7 @@ class CircuitBreaker:
         than the wait, the call ends now ("circuit open") instead of sleeping into
         a refusal.
         """
-        if self._shared is None and self._core.closed_admission is not None:
+        if self._store is None and self._core.closed_admission is not None:
             return 0.0  # closed: one atomic read, no lock
         reply = self._peek()
         return self._local_remaining() if reply is None else self._remote_remaining(reply)
@@ -501,34 +485,20 @@ class CircuitBreaker:
     def _remote_remaining(self, reply: Any) -> float:
         return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
 
-    def _peek(self) -> Any:
+    def _peek(self) -> RemoteAdmission | None:
         """The shared state without taking a slot; None when not shared (from sync
         code) or when the store failed (the breaker then decides locally)."""
-        shared = self._shared
-        if shared is None or shared.is_async or not shared.usable():
+        store = self._store
+        if store is None or store.shared.is_async:
             return None
-        assert self._store is not None
-        try:
-            reply = self._store.acquire(peek=True)
-        except StoreError as exc:
-            shared.failed(exc)
-            return None
-        shared.succeeded()
-        return reply
+        return self._health.call(lambda: store.acquire(peek=True), _no_reply)
 
-    async def _apeek(self) -> Any:
+    async def _apeek(self) -> RemoteAdmission | None:
         """Async twin of :meth:`_peek` (works with sync and async stores)."""
-        shared = self._shared
-        if shared is None or not shared.usable():
+        store = self._store
+        if store is None:
             return None
-        assert self._store is not None
-        try:
-            reply = await self._store.aacquire(peek=True)
-        except StoreError as exc:
-            shared.failed(exc)
-            return None
-        shared.succeeded()
-        return reply
+        return await self._health.acall(lambda: store.aacquire(peek=True), _no_reply)
 
     def _locally(self, read: Callable[[float], T]) -> T:
         # Read this process's own core under the lock; announce a state change after.
@@ -551,7 +521,12 @@ class CircuitBreaker:
     @property
     def degraded(self) -> bool:
         """True while a shared breaker decides locally because its store failed."""
-        return self._shared is not None and self._shared.degraded
+        return self._store is not None and self._health.degraded
+
+    @property
+    def stats(self) -> OutageStats:
+        """What this breaker saw of its store's outages."""
+        return self._health.stats
 
     def force_open(self) -> None:
         """Refuse every call until :meth:`reset` (in every process when shared)."""
@@ -571,28 +546,16 @@ class CircuitBreaker:
 
     def _admin(self, script: str, local: Callable[[float], None]) -> None:
         self._admin_local(local)
-        shared = self._shared
-        if shared is not None and not shared.is_async:
-            assert self._store is not None
-            try:
-                state, _ = self._store.admin(script)
-            except StoreError as exc:
-                shared.failed(exc)
-                raise
-            shared.succeeded()
+        store = self._store
+        if store is not None and not store.shared.is_async:
+            state, _ = self._health.require(lambda: store.admin(script))
             self._observe_remote(state)
 
     async def _aadmin(self, script: str, local: Callable[[float], None]) -> None:
         self._admin_local(local)
-        shared = self._shared
-        if shared is not None:
-            assert self._store is not None
-            try:
-                state, _ = await self._store.aadmin(script)
-            except StoreError as exc:
-                shared.failed(exc)
-                raise
-            shared.succeeded()
+        store = self._store
+        if store is not None:
+            state, _ = await self._health.arequire(lambda: store.aadmin(script))
             self._observe_remote(state)
 
     def _admin_local(self, local: Callable[[float], None]) -> None:
@@ -643,6 +606,11 @@ class CircuitBreaker:
                 listener(event)
             except Exception:
                 logger.exception("circuit breaker listener %r failed", listener)
+
+
+def _no_reply() -> None:
+    # The local answer of a store call: "no shared reply, decide with the local core".
+    return None
 
 
 def _coroutine_error(fn: Callable[..., Any]) -> TypeError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core._breaker import BreakerConfig
-from ._shared import Shared
+from ..stores._fallback import ScriptStore
 
 __all__ = ["BreakerStore", "RemoteAdmission"]
 
@@ -40,7 +40,7 @@ class BreakerStore:
 
     __slots__ = ("_static", "_ttl", "keys", "rng", "shared")
 
-    def __init__(self, shared: Shared, name: str, config: BreakerConfig, rng: random.Random):
+    def __init__(self, shared: ScriptStore, name: str, config: BreakerConfig, rng: random.Random):
         self.shared = shared
         self.rng = rng
         base = shared.key("breaker", name)
