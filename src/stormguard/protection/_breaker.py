@@ -36,7 +36,7 @@ from .._errors import CircuitOpen, ConfigError
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
 from ._breaker_store import BreakerStore, RemoteAdmission
-from ._permit import BreakerEvent, EventKind, Listener, Permit
+from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
 
 __all__ = ["CircuitBreaker"]
 
@@ -47,12 +47,6 @@ T = TypeVar("T")
 def default_is_failure(exc: BaseException) -> bool:
     """Every Exception counts as a failure."""
     return isinstance(exc, Exception)
-
-
-def config_error(exc: ValueError) -> ConfigError:
-    """Map a core validation ValueError ("field: message") to ConfigError."""
-    field, _, message = str(exc).partition(": ")
-    return ConfigError(field, message or str(exc))
 
 
 _RNG = random.Random()
@@ -100,6 +94,7 @@ class CircuitBreaker:
         "_lock",
         "_monotonic",
         "_pending",
+        "_reports",
         "_rng",
         "_slow",
         "_store",
@@ -128,28 +123,27 @@ class CircuitBreaker:
         jitter: float = 0.1,
         store_retry: float = 1.0,
     ) -> None:
-        try:
-            config = BreakerConfig(
-                failure_rate=failure_rate,
-                min_calls=min_calls,
-                window=window,
-                window_kind=window_kind,
-                buckets=buckets,
-                open_for=open_for,
-                open_for_max=open_for_max,
-                half_open_probes=half_open_probes,
-                probe_lease=probe_lease,
-                slow_call=slow_call,
-                jitter=jitter,
-            )
-        except ValueError as exc:
-            raise config_error(exc) from None
+        config = BreakerConfig(
+            failure_rate=failure_rate,
+            min_calls=min_calls,
+            window=window,
+            window_kind=window_kind,
+            buckets=buckets,
+            open_for=open_for,
+            open_for_max=open_for_max,
+            half_open_probes=half_open_probes,
+            probe_lease=probe_lease,
+            slow_call=slow_call,
+            jitter=jitter,
+        )
         if not callable(is_failure):
             raise ConfigError("is_failure", "must be a callable(exception) -> bool")
         self._config = config
         self._core = BreakerCore.from_config(config)
         self._lock = threading.Lock()
         self._pending: list[int] = []
+        # What a Permit reports back through (bound once, not per permit).
+        self._reports: tuple[Report, AReport] = (self._record, self._arecord)
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._monotonic: Callable[[], float] = (
             time.monotonic if self._clock is SYSTEM_CLOCK else self._clock.monotonic
@@ -190,7 +184,7 @@ class CircuitBreaker:
         if store is None:
             admission = self._core.closed_admission
             if admission is not None:
-                return Permit(self, admission, self._monotonic())
+                return Permit(admission, self._monotonic(), self._reports)
             return self._local_acquire()
         reply = self._health.call(store.acquire, _no_reply)
         return self._local_acquire() if reply is None else self._remote_permit(reply)
@@ -218,38 +212,39 @@ class CircuitBreaker:
             self._note_local_change()
         if not admission.allowed:
             raise CircuitOpen(self.name, admission.remaining)
-        return Permit(self, admission, now)
+        return Permit(admission, now, self._reports)
 
     def _remote_permit(self, reply: RemoteAdmission) -> Permit:
         self._observe_remote(reply.state)
         if not reply.allowed:
             raise CircuitOpen(self.name, reply.remaining)
         admission = Admission(True, reply.probe, reply.generation)
-        return Permit(self, admission, self._monotonic(), True, reply.lease_id)
+        return Permit(admission, self._monotonic(), self._reports, True, reply.lease_id)
 
     # -- outcomes --------------------------------------------------------------------
 
-    def _record(self, permit: Permit, failure: bool, outcome: str) -> None:
+    def _record(self, permit: Permit, outcome: Outcome) -> None:
         now = self._monotonic()
-        if permit._remote:
+        if permit.remote:
             store = self._store
             assert store is not None
-            adm, verdict = permit._admission, self._judged(permit, now, outcome)
+            adm, verdict = permit.admission, self._judged(permit, now, outcome)
             # On a store failure the outcome is lost; the local core decides from now.
             reply = self._health.call(
-                lambda: store.record(adm.generation, adm.probe, permit._lease_id, verdict),
+                lambda: store.record(adm.generation, adm.probe, permit.lease_id, verdict),
                 _no_reply,
             )
             if reply is not None:
                 self._observe_remote(reply[0])
             return
-        admission = permit._admission
+        admission = permit.admission
         if outcome == "release":
             with self._lock:
                 self._drain()
                 self._core.release(now, admission)
             return
         core = self._core
+        failure = outcome == "fail"
         if (
             not failure
             and now < core.quiet_until
@@ -264,21 +259,21 @@ class CircuitBreaker:
             return
         self._outcome(admission, permit.started, failure, now)
 
-    async def _arecord(self, permit: Permit, failure: bool, outcome: str) -> None:
-        if not permit._remote:
-            self._record(permit, failure, outcome)
+    async def _arecord(self, permit: Permit, outcome: Outcome) -> None:
+        if not permit.remote:
+            self._record(permit, outcome)
             return
         store = self._store
         assert store is not None
-        adm, verdict = permit._admission, self._judged(permit, self._monotonic(), outcome)
+        adm, verdict = permit.admission, self._judged(permit, self._monotonic(), outcome)
         reply = await self._health.acall(
-            lambda: store.arecord(adm.generation, adm.probe, permit._lease_id, verdict),
+            lambda: store.arecord(adm.generation, adm.probe, permit.lease_id, verdict),
             _no_reply,
         )
         if reply is not None:
             self._observe_remote(reply[0])
 
-    def _judged(self, permit: Permit, now: float, outcome: str) -> str:
+    def _judged(self, permit: Permit, now: float, outcome: Outcome) -> Outcome:
         # The store's scripts get the verdict; slow_call is judged here, on our clock.
         slow = self._slow
         if outcome == "ok" and slow is not None and now - permit.started >= slow:

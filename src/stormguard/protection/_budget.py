@@ -58,13 +58,9 @@ class RetryBudget:
         buckets: int = 10,
         store_retry: float = 1.0,
     ) -> None:
-        try:
-            self._core = RetryBudgetCore(
-                ratio=ratio, min_per_second=min_per_second, window=window, buckets=buckets
-            )
-        except (ValueError, TypeError) as exc:
-            field, _, message = str(exc).partition(": ")
-            raise ConfigError(field, message or str(exc)) from None
+        self._core = RetryBudgetCore(
+            ratio=ratio, min_per_second=min_per_second, window=window, buckets=buckets
+        )
         the_clock = clock or SYSTEM_CLOCK
         self._monotonic: Callable[[], float] = (
             time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic

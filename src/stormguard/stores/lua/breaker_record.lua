@@ -1,3 +1,4 @@
+--#include _helpers
 -- Circuit breaker: record the outcome of an admitted call ('ok', 'fail'), or give
 -- a probe's slot back without an outcome ('release'). Rules: core/_breaker.py.
 -- A result from an older generation (the breaker moved on since the call was
@@ -6,6 +7,7 @@
 -- KEYS: state hash, probe leases (zset), window hash
 -- ARGV: failure_rate min_calls window kind buckets open_for open_for_max
 --       half_open_probes probe_lease jitter draw ttl | generation probe lease_id outcome
+--       [now (tests only)]
 -- Returns {state, generation}
 local H, L, W = KEYS[1], KEYS[2], KEYS[3]
 local rate, min_calls = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -14,9 +16,7 @@ local open_for, open_max = tonumber(ARGV[6]), tonumber(ARGV[7])
 local probes = tonumber(ARGV[8])
 local jitter, draw, ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local rgen, is_probe, lease_id, outcome = tonumber(ARGV[13]), ARGV[14] == '1', ARGV[15], ARGV[16]
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now = clock_now(ARGV[17])
 
 local s = redis.call('HMGET', H, 'st', 'gen', 'until', 'reo', 'padm', 'psucc')
 local st = s[1] or 'closed'
@@ -25,10 +25,6 @@ local open_until = tonumber(s[3]) or 0
 local reo = tonumber(s[4]) or 0
 local padm = tonumber(s[5]) or 0
 local psucc = tonumber(s[6]) or 0
-
-local function fmt(x)
-  return string.format('%.17g', x)
-end
 
 -- TRIP (bump = false) or PROBE_FAILED / LEASE_EXPIRED (bump = true)
 local function open(bump)
@@ -67,18 +63,7 @@ if rgen == gen then
     local calls, fails = tonumber(w[2]) or 0, tonumber(w[3]) or 0
     local pos = tonumber(w[4]) or 0
     if kind == 'time' then
-      local idx = math.floor(now * n / window)
-      if idx > last then
-        -- Clear the buckets skipped since the newest one (at most n).
-        for i = math.max(last + 1, idx - n + 1), idx do
-          local j = i % n
-          local old = redis.call('HMGET', W, 'c' .. j, 'f' .. j)
-          calls = calls - (tonumber(old[1]) or 0)
-          fails = fails - (tonumber(old[2]) or 0)
-          redis.call('HDEL', W, 'c' .. j, 'f' .. j)
-        end
-        last = idx
-      end
+      last, calls, fails = ring_roll(W, 'c', 'f', n, window, now, last, calls, fails)
       local j = last % n
       redis.call('HINCRBY', W, 'c' .. j, 1)
       if failure then redis.call('HINCRBY', W, 'f' .. j, 1) end
