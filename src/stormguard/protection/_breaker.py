@@ -35,7 +35,9 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen, ConfigError
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
+from ..stores._memory import MemoryStore
 from ._breaker_store import BreakerStore, RemoteAdmission
+from ._memory_cells import memory_cell
 from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
 
 __all__ = ["CircuitBreaker"]
@@ -78,7 +80,9 @@ class CircuitBreaker:
     With ``store=RedisStore(url)`` and a ``name``, every process using that name
     shares one breaker (Redis server time, one Lua script per transition); while
     the store is unreachable the breaker decides locally, logs it and tells the
-    ``listeners``, and rejoins when the store answers.
+    ``listeners``, and rejoins when the store answers (``stats`` counts it). With
+    ``store=MemoryStore()`` the breakers of one name on that store share one state
+    in this process.
     """
 
     __slots__ = (
@@ -165,8 +169,14 @@ class CircuitBreaker:
         if store is not None:
             if not name:
                 raise ConfigError("name", "a breaker shared through a store needs a name")
-            scripts = ScriptStore(store, self._health.label)
-            self._store = BreakerStore(scripts, name, config, self._rng)
+            if isinstance(store, MemoryStore):
+                # Same name, same MemoryStore: one core, as on Redis (first settings win).
+                self._core, self._lock, self._pending = memory_cell(
+                    store, "breaker", name, lambda: (self._core, self._lock, self._pending)
+                )
+            else:
+                scripts = ScriptStore(store, self._health.label)
+                self._store = BreakerStore(scripts, name, config, self._rng)
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker {self.name or hex(id(self))} {self._last_state}>"

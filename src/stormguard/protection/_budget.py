@@ -15,6 +15,8 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
 from ..core._budget import RetryBudgetCore
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth
+from ..stores._memory import MemoryStore
+from ._memory_cells import memory_cell
 
 __all__ = ["RetryBudget"]
 
@@ -31,7 +33,8 @@ class RetryBudget:
     :meth:`try_retry` before every retry (``RetryPolicy(budget=...)`` and the HTTP
     adapters do both). Thread-safe; ``arecord_request``/``atry_retry`` are the
     async twins. With ``store=RedisStore(url)`` and a ``name`` the counters are
-    shared by every process.
+    shared by every process (``store=MemoryStore()``: by every budget of that name
+    on that store, in this process).
     """
 
     __slots__ = (
@@ -79,6 +82,12 @@ class RetryBudget:
         if store is not None:
             if not name:
                 raise ConfigError("name", "a budget shared through a store needs a name")
+            if isinstance(store, MemoryStore):
+                # Same name, same MemoryStore: one set of counters (first settings win).
+                self._core, self._lock = memory_cell(
+                    store, "budget", name, lambda: (self._core, self._lock)
+                )
+                return
             self._scripts = ScriptStore(store, self._health.label)
             self._key = self._scripts.key("budget", name)
 

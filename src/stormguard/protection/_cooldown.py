@@ -27,6 +27,8 @@ from typing import Any
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth
+from ..stores._memory import MemoryStore
+from ._memory_cells import memory_cell
 
 __all__ = ["Cooldown"]
 
@@ -41,7 +43,8 @@ class Cooldown:
     ``remaining(origin)`` is the time left (0.0 when not paused). At most
     ``max_origins`` pauses are kept (the least recently paused one is forgotten
     first; ended pauses are dropped as new ones arrive). With
-    ``store=RedisStore(url)`` the pauses are shared by every process.
+    ``store=RedisStore(url)`` the pauses are shared by every process (with
+    ``store=MemoryStore()``, by every cooldown on that store).
     """
 
     __slots__ = (
@@ -77,7 +80,12 @@ class Cooldown:
         self._pauses: OrderedDict[str, float] = OrderedDict()
         self._scripts: ScriptStore | None = None
         self._health = StoreHealth("cooldown", clock=the_clock, retry_after=store_retry)
-        if store is not None:
+        if isinstance(store, MemoryStore):
+            # Every cooldown on one MemoryStore shares its pauses, as on Redis.
+            self._pauses, self._lock = memory_cell(
+                store, "cooldown", "", lambda: (self._pauses, self._lock)
+            )
+        elif store is not None:
             self._scripts = ScriptStore(store, "cooldown")
 
     def __len__(self) -> int:
