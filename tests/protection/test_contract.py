@@ -35,6 +35,7 @@ def breaker(store: Any, clock: FakeClock, **kwargs: Any) -> CircuitBreaker:
         "open_for": 10.0,
         "jitter": 0.0,
         "rng": random.Random(7),
+        "staleness": 0.0,  # every call asks the store: the near cache has its own tests
     }
     settings.update(kwargs)
     return CircuitBreaker(**settings)

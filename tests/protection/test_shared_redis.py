@@ -176,6 +176,7 @@ def test_outage_decides_locally_then_rejoins(
     )
     assert breaker.call(lambda: 1) == 1
     owned_redis.stop()
+    clock.advance(1.0)  # the near cache's reading is stale: the next call asks the store
     with caplog.at_level(logging.WARNING, logger="stormguard"):
         assert breaker.call(lambda: 2) == 2  # decided locally
     assert breaker.degraded

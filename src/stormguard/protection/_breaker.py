@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import random
 import threading
 import time
@@ -80,7 +81,14 @@ class CircuitBreaker:
     With ``store=RedisStore(url)`` and a ``name``, every process using that name
     shares one breaker (Redis server time, one Lua script per transition); while
     the store is unreachable the breaker decides locally, logs it and tells the
-    ``listeners``, and rejoins when the store answers (``stats`` counts it). With
+    ``listeners``, and rejoins when the store answers (``stats`` counts it). A
+    shared breaker keeps a near cache of the shared state: for ``staleness``
+    seconds (default 0.1) after reading it, a closed breaker admits calls and
+    counts their successes without a round trip (sent as one batch; a failure is
+    sent at once) and an open one refuses locally; half-open probes are always
+    handed out by the store, so ``half_open_probes`` holds across the fleet.
+    Another process sees a trip at most ``staleness`` seconds late;
+    ``staleness=0`` asks the store on every call. With
     ``store=MemoryStore()`` the breakers of one name on that store share one state
     in this process.
     """
@@ -126,6 +134,7 @@ class CircuitBreaker:
         probe_lease: float = 30.0,
         jitter: float = 0.1,
         store_retry: float = 1.0,
+        staleness: float = 0.1,
     ) -> None:
         config = BreakerConfig(
             failure_rate=failure_rate,
@@ -140,6 +149,12 @@ class CircuitBreaker:
             slow_call=slow_call,
             jitter=jitter,
         )
+        if (
+            isinstance(staleness, bool)
+            or not isinstance(staleness, int | float)
+            or not (0.0 <= staleness < math.inf)
+        ):
+            raise ConfigError("staleness", f"must be >= 0 seconds, got {staleness!r}")
         if not callable(is_failure):
             raise ConfigError("is_failure", "must be a callable(exception) -> bool")
         self._config = config
@@ -176,7 +191,7 @@ class CircuitBreaker:
                 )
             else:
                 scripts = ScriptStore(store, self._health.label)
-                self._store = BreakerStore(scripts, name, config, self._rng)
+                self._store = BreakerStore(scripts, name, config, self._rng, float(staleness))
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker {self.name or hex(id(self))} {self._last_state}>"
@@ -196,16 +211,18 @@ class CircuitBreaker:
             if admission is not None:
                 return Permit(admission, self._monotonic(), self._reports)
             return self._local_acquire()
-        reply = self._health.call(store.acquire, _no_reply)
-        return self._local_acquire() if reply is None else self._remote_permit(reply)
+        now = self._monotonic()
+        reply = self._health.call(lambda: store.admit(now), _no_reply)
+        return self._local_acquire() if reply is None else self._remote_permit(reply, now)
 
     async def aacquire(self) -> Permit:
         """Async twin of :meth:`acquire` (awaits the store when it is shared)."""
         store = self._store
         if store is None:
             return self.acquire()
-        reply = await self._health.acall(store.aacquire, _no_reply)
-        return self._local_acquire() if reply is None else self._remote_permit(reply)
+        now = self._monotonic()
+        reply = await self._health.acall(lambda: store.aadmit(now), _no_reply)
+        return self._local_acquire() if reply is None else self._remote_permit(reply, now)
 
     def _local_acquire(self) -> Permit:
         now = self._monotonic()
@@ -224,12 +241,13 @@ class CircuitBreaker:
             raise CircuitOpen(self.name, admission.remaining)
         return Permit(admission, now, self._reports)
 
-    def _remote_permit(self, reply: RemoteAdmission) -> Permit:
-        self._observe_remote(reply.state)
+    def _remote_permit(self, reply: RemoteAdmission, now: float) -> Permit:
+        if reply.state != self._last_state:
+            self._observe_remote(reply.state)
         if not reply.allowed:
             raise CircuitOpen(self.name, reply.remaining)
         admission = Admission(True, reply.probe, reply.generation)
-        return Permit(admission, self._monotonic(), self._reports, True, reply.lease_id)
+        return Permit(admission, now, self._reports, True, reply.lease_id)
 
     # -- outcomes --------------------------------------------------------------------
 
@@ -239,13 +257,19 @@ class CircuitBreaker:
             store = self._store
             assert store is not None
             adm, verdict = permit.admission, self._judged(permit, now, outcome)
+            if store.staleness and not adm.probe:
+                # A closed call admitted on the near cache: counted for the next batch.
+                if verdict == "release" or not store.batched(
+                    adm.generation, verdict == "fail", now
+                ):
+                    return
+                ask: Callable[[], Any] = lambda: store.refresh(now)  # noqa: E731
+            else:
+                ask = lambda: store.record(adm.generation, adm.probe, permit.lease_id, verdict)  # noqa: E731
             # On a store failure the outcome is lost; the local core decides from now.
-            reply = self._health.call(
-                lambda: store.record(adm.generation, adm.probe, permit.lease_id, verdict),
-                _no_reply,
-            )
+            reply = self._health.call(ask, _no_reply)
             if reply is not None:
-                self._observe_remote(reply[0])
+                self._observe_remote(_state_of(reply))
             return
         admission = permit.admission
         if outcome == "release":
@@ -275,13 +299,17 @@ class CircuitBreaker:
             return
         store = self._store
         assert store is not None
-        adm, verdict = permit.admission, self._judged(permit, self._monotonic(), outcome)
-        reply = await self._health.acall(
-            lambda: store.arecord(adm.generation, adm.probe, permit.lease_id, verdict),
-            _no_reply,
-        )
+        now = self._monotonic()
+        adm, verdict = permit.admission, self._judged(permit, now, outcome)
+        if store.staleness and not adm.probe:
+            if verdict == "release" or not store.batched(adm.generation, verdict == "fail", now):
+                return
+            ask: Callable[[], Awaitable[Any]] = lambda: store.arefresh(now)  # noqa: E731
+        else:
+            ask = lambda: store.arecord(adm.generation, adm.probe, permit.lease_id, verdict)  # noqa: E731
+        reply = await self._health.acall(ask, _no_reply)
         if reply is not None:
-            self._observe_remote(reply[0])
+            self._observe_remote(_state_of(reply))
 
     def _judged(self, permit: Permit, now: float, outcome: Outcome) -> Outcome:
         # The store's scripts get the verdict; slow_call is judged here, on our clock.
@@ -496,14 +524,16 @@ class CircuitBreaker:
         store = self._store
         if store is None or store.shared.is_async:
             return None
-        return self._health.call(lambda: store.acquire(peek=True), _no_reply)
+        now = self._monotonic()
+        return self._health.call(lambda: store.peek(now), _no_reply)
 
     async def _apeek(self) -> RemoteAdmission | None:
         """Async twin of :meth:`_peek` (works with sync and async stores)."""
         store = self._store
         if store is None:
             return None
-        return await self._health.acall(lambda: store.aacquire(peek=True), _no_reply)
+        now = self._monotonic()
+        return await self._health.acall(lambda: store.apeek(now), _no_reply)
 
     def _locally(self, read: Callable[[float], T]) -> T:
         # Read this process's own core under the lock; announce a state change after.
@@ -611,6 +641,10 @@ class CircuitBreaker:
                 listener(event)
             except Exception:
                 logger.exception("circuit breaker listener %r failed", listener)
+
+
+def _state_of(reply: RemoteAdmission | tuple[str, int]) -> str:
+    return reply.state if isinstance(reply, RemoteAdmission) else reply[0]
 
 
 def _no_reply() -> None:

@@ -269,13 +269,17 @@ class ScriptStore:
         key: str = self.store.key(*parts)
         return key
 
-    def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run a script from a sync caller; raises StoreError."""
+    def check_sync(self) -> None:
+        """Raise TypeError when the store cannot serve a sync caller."""
         if self.is_async:
             raise TypeError(
                 f"{self.label}: an AsyncRedisStore can only be used from the async forms "
                 "(acall, aacquire, async with); use RedisStore for sync callers"
             )
+
+    def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a script from a sync caller; raises StoreError."""
+        self.check_sync()
         return self.store.run_script(name, keys, args)
 
     async def arun(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
