@@ -19,3 +19,12 @@ ALG.fixed_window = function(key, aux, limit, window, now, cost, lease, write)
   end
   return true, limit - count, reset, 0
 end
+
+-- Give back only while the window the hit was counted in is the stored one.
+REFUND.fixed_window = function(key, aux, limit, window, cost, lease, taken, now)
+  local state = redis.call('GET', key)
+  if not state then return end
+  local w, c = string.match(state, '^([^:]+):(.+)$')
+  if tonumber(w) ~= math.floor((taken + EPS) / window) then return end
+  set_keep_ttl(key, w .. ':' .. math.max(0, tonumber(c) - cost))
+end

@@ -44,3 +44,20 @@ ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease,
   end
   return true, limit - used - cost, reset, 0
 end
+
+-- The hit counts in its own window's `current`, or in `previous` once the stored
+-- state has moved one window on; older than that it no longer counts.
+REFUND.sliding_window_counter = function(key, aux, limit, window, cost, lease, taken, now)
+  local state = redis.call('GET', key)
+  if not state then return end
+  local w, p, c = string.match(state, '^([^:]+):([^:]+):(.+)$')
+  local at = tonumber(w) - math.floor((taken + EPS) / window)
+  if at == 0 then
+    c = math.max(0, tonumber(c) - cost)
+  elseif at == 1 then
+    p = math.max(0, tonumber(p) - cost)
+  else
+    return
+  end
+  set_keep_ttl(key, w .. ':' .. p .. ':' .. c)
+end
