@@ -52,6 +52,7 @@ PROMISED = {
         "Permit",
         "RetryBudget",
     ],
+    "stormguard.limiting": ["AsyncRateLimiter", "LimiterStats", "RateLimiter"],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],
     "stormguard.testing": ["FakeClock"],
     "stormguard.mock": [

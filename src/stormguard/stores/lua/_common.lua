@@ -28,6 +28,26 @@ local function px(seconds)
   return math.max(1, math.ceil(seconds * 1000) + 1)
 end
 
+-- Window counters: a string "<window index>:<count>[:<count>...]".
+-- window_index(t, window): the window `t` falls in. read_window(key, window, now):
+-- the current window index (never behind the stored one, so a clock stepping back
+-- does not reopen a window), the stored index (nil without state) and the stored
+-- counts as numbers.
+local function window_index(t, window)
+  return math.floor((t + EPS) / window)
+end
+
+local function read_window(key, window, now)
+  local index = window_index(now, window)
+  local state = redis.call('GET', key)
+  if not state then return index, nil, {} end
+  local counts = {}
+  for field in string.gmatch(state, '[^:]+') do counts[#counts + 1] = tonumber(field) end
+  local stored = table.remove(counts, 1)
+  if stored > index then index = stored end
+  return index, stored, counts
+end
+
 -- Rewrite a string value, keeping the key's expiry.
 local function set_keep_ttl(key, value)
   local ttl = redis.call('PTTL', key)
