@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 from .._errors import ConfigError, StoreError
 from .._extras import require
 from ..core._limiters import Algorithm, Decision, LimitRequest
-from . import _lua
+from . import _lua, _scripts
 
 if TYPE_CHECKING:
     import redis
@@ -72,7 +72,7 @@ def load_script(name: str) -> tuple[str, str]:
         if name == _lua.LIMIT_SCRIPT:
             source = _lua.limit_script_source()
         else:
-            source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+            source = _scripts.script_source(resources.files(__package__).joinpath("lua"), name)
         cached = (source, hashlib.sha1(source.encode("utf-8")).hexdigest())
         _SCRIPTS[name] = cached
     return cached
