@@ -53,6 +53,7 @@ PROMISED = {
         "RetryBudget",
         "reset_process_guards",
     ],
+    "stormguard.limiting": ["AsyncRateLimiter", "LimiterStats", "RateLimiter"],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],
     "stormguard.testing": ["FakeClock"],
     "stormguard.mock": [
