@@ -253,3 +253,12 @@ def test_reset_process_guards_starts_afresh() -> None:
     assert fresh is not guard
     assert fresh.breaker is not None and fresh.breaker.state == "closed"
     assert fresh.cooldown_remaining() == 0.0
+
+
+def test_a_shared_open_breaker_does_not_pin_every_origin(clock: FakeClock) -> None:
+    """A ready-made breaker shared by all origins being open does not stop eviction."""
+    shared = CircuitBreaker(min_calls=1, clock=clock)
+    shared.force_open()
+    guards = OriginGuards(clock=clock, breaker=shared)
+    _fill(guards, 1100)
+    assert len(list(guards.origins())) == 1024

@@ -143,16 +143,17 @@ class OriginGuard:
         self._pacer = pacer
         self._policy_cache: tuple[Any, Any] | None = None
 
-    def in_use(self) -> bool:
+    def in_use(self, *, breaker: bool = True, bulkhead: bool = True) -> bool:
         """Whether forgetting this guard would lose protection that is running now.
 
         True while its breaker is not closed, its bulkhead has holders or waiters,
-        or its cooldown pauses the origin.
+        or its cooldown pauses the origin (``breaker=False`` / ``bulkhead=False``
+        leave that part out).
         """
-        breaker, bulkhead = self.breaker, self.bulkhead
-        if breaker is not None and breaker.last_state != "closed":
+        if breaker and self.breaker is not None and self.breaker.last_state != "closed":
             return True
-        if bulkhead is not None and (bulkhead.in_flight or bulkhead.waiting):
+        slots = self.bulkhead
+        if bulkhead and slots is not None and (slots.in_flight or slots.waiting):
             return True
         return self._cooldown is not None and self._cooldown.running(self.origin)
 
@@ -371,10 +372,14 @@ class OriginGuards:
     def _evict(self) -> None:
         # Lock held. The least recently used idle guard goes; busy ones seen on the
         # way move to the recent end (they are in use), so the scan stays O(1).
+        # A breaker or bulkhead given ready-made is shared by every origin: dropping
+        # one origin's guard loses nothing of it, so only per-origin ones count.
         guards = self._guards
+        own_breaker = isinstance(self._breaker, dict)
+        own_bulkhead = isinstance(self._bulkhead, dict)
         for _ in range(min(_EVICTION_SCAN, len(guards))):
             origin, guard = next(iter(guards.items()))
-            if not guard.in_use():
+            if not guard.in_use(breaker=own_breaker, bulkhead=own_bulkhead):
                 del guards[origin]
                 return
             guards.move_to_end(origin)
