@@ -3,6 +3,12 @@
 Redis: ``REDIS_URL`` when set; otherwise the session starts ``redis-server`` on a
 free port in a temporary directory; otherwise Redis tests skip — unless
 ``STORMGUARD_REQUIRE_REDIS=1``, which makes a missing Redis fail the run.
+
+Redis Cluster (``redis_cluster`` / ``redis_cluster_url``): ``REDIS_CLUSTER_URL``
+(``redis+cluster://host:port``) when set; otherwise the session starts three
+``redis-server --cluster-enabled yes`` on free loopback ports whose bus ports
+(+10000) are free too, joins them with ``redis-cli --cluster create`` (no
+replicas) and waits for ``cluster_state:ok``; same skip/fail rule as above.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ T = TypeVar("T")
 @pytest.fixture(autouse=True)
 def _fresh_process_guards() -> Iterator[None]:
     """Each test starts with no process-wide per-origin breakers, budgets or cooldowns."""
-    from stormguard.protection import _origin
+    from stormguard.protection import reset_process_guards
 
-    _origin._PROCESS_GUARDS = None
+    reset_process_guards()
     yield
-    _origin._PROCESS_GUARDS = None
+    reset_process_guards()
 
 
 @pytest.fixture
@@ -216,3 +222,178 @@ def redis_url(redis_server: RedisServer) -> str:
 def key_prefix() -> str:
     """A unique key prefix so tests sharing one Redis never collide."""
     return f"sgtest:{uuid.uuid4().hex[:12]}:"
+
+
+# -- Redis Cluster -------------------------------------------------------------
+
+CLUSTER_NODES = 3
+_BUS_OFFSET = 10_000  # Redis Cluster's bus port is the client port + 10000
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """``count`` free ports whose cluster bus ports are free too."""
+    rng = random.Random()
+    ports: list[int] = []
+    for _ in range(2000):
+        port = rng.randrange(20_000, 55_000 - _BUS_OFFSET)
+        if port in ports or port + _BUS_OFFSET in ports:
+            continue
+        if _port_is_free(port) and _port_is_free(port + _BUS_OFFSET):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError("no free port pairs for a Redis Cluster")
+
+
+def _cluster_info(port: int) -> str:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"CLUSTER INFO\r\n")
+            data = b""
+            while b"cluster_state" not in data or not data.endswith(b"\r\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            return data.decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _wait_until(probe: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Redis Cluster nodes did not {what} within {timeout}s")
+        time.sleep(POLL_INTERVAL)
+
+
+@dataclass
+class RedisCluster:
+    """A Redis Cluster the tests may use; ``processes`` is set when the session owns it."""
+
+    url: str
+    nodes: list[tuple[str, int]]
+    processes: list[subprocess.Popen[bytes]] | None = None
+    workdir: str | None = None
+
+    def discard(self) -> None:
+        """Stop the nodes this session started and remove their directory."""
+        for proc in self.processes or ():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes or ():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _start_cluster() -> RedisCluster:
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        raise FileNotFoundError("redis-server" if server is None else "redis-cli")
+    workdir = tempfile.mkdtemp(prefix="stormguard-cluster-")
+    cluster = RedisCluster(url="", nodes=[], processes=[], workdir=workdir)
+    try:
+        ports = _cluster_ports(CLUSTER_NODES)
+        for port in ports:
+            node_dir = os.path.join(workdir, str(port))
+            os.mkdir(node_dir)
+            assert cluster.processes is not None
+            cluster.processes.append(
+                subprocess.Popen(
+                    [
+                        server,
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "5000",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--dir",
+                        node_dir,
+                        "--daemonize",
+                        "no",
+                        "--loglevel",
+                        "warning",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        cluster.nodes = [("127.0.0.1", port) for port in ports]
+        _wait_until(lambda: all(_ping("127.0.0.1", port) for port in ports), 10, "start")
+        subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+        _wait_until(
+            lambda: all("cluster_state:ok" in _cluster_info(port) for port in ports), 30, "join"
+        )
+    except BaseException:
+        cluster.discard()
+        raise
+    cluster.url = f"redis+cluster://127.0.0.1:{ports[0]}"
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A three-node Redis Cluster: REDIS_CLUSTER_URL, else one started for the session."""
+    url = os.environ.get("REDIS_CLUSTER_URL")
+    if url:
+        from urllib.parse import urlparse
+
+        parsed = urlparse(url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+        if "cluster_state:ok" not in _cluster_info(port):
+            _unavailable(f"REDIS_CLUSTER_URL={url} is not a healthy cluster")
+        yield RedisCluster(url=url, nodes=[(host, port)])
+        return
+    try:
+        cluster = _start_cluster()
+    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as exc:
+        _unavailable(f"could not start a Redis Cluster ({exc})")
+        raise  # unreachable: _unavailable raises
+    try:
+        yield cluster
+    finally:
+        cluster.discard()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisCluster) -> str:
+    """URL of the shared Redis Cluster (``redis+cluster://127.0.0.1:PORT``)."""
+    return redis_cluster.url

@@ -5,6 +5,13 @@
 # so the sync and async limiters differ only in `await`; everything else -- the
 # request, the outage bookkeeping, the fallback decisions -- is in `_Group` below.
 #
+# Hot path. On a MemoryStore (which cannot fail) a single hit skips all of that:
+# the store hands each limiter, at construction, its own `hit(key, cost)` -- the
+# store chooses it (an inlined TokenBucket/GCRA or the generic step), so the
+# limiter never looks inside the store. On a sync Redis store a single hit is one
+# `decide_one` EVALSHA while the store is healthy; everything else goes through
+# `hit_many`.
+#
 # Store outages. When a store raises StoreError, each limiter answers by its
 # `on_store_error` mode:
 #   "open"   -> allow (availability first);
@@ -19,7 +26,6 @@
 # the store, so every limiter sharing a store sees one outage.
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -29,19 +35,19 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias
 
-from ._clock import SYSTEM_CLOCK, Clock
-from ._errors import ConfigError, RateLimited, StoreError
-from .core._limiters import (
+from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import ConfigError, RateLimited, StoreError
+from ..core._limiters import (
     Algorithm,
     Concurrency,
     Decision,
     LimitRequest,
+    check_cost,
     combine,
     default_name,
     outage_decision,
 )
-from .stores._memory import MemoryStore
-from .stores._memory_fast import fast_hitter
+from ..stores._memory import MemoryStore
 
 __all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
 
@@ -100,18 +106,11 @@ def _health(store: object, clock: Clock) -> _Health:
     return health
 
 
-def _check_cost(cost: float) -> float:
-    if not 0 <= cost < math.inf:
-        raise ConfigError("cost", f"must be >= 0 and finite, got {cost!r}")
-    return float(cost)
-
-
 class _LimiterBase:
     __slots__ = (
         "_decide_one",
         "_health",
         "_leases",
-        "_memory",
         "_memory_hit",
         "algorithm",
         "clock",
@@ -152,12 +151,12 @@ class _LimiterBase:
         self.stats = LimiterStats()
         self._health = _health(store, self.clock)
         self._leases = isinstance(algorithm, Concurrency)
-        # MemoryStore never fails: hits skip the outage bookkeeping entirely.
-        self._memory = store if type(store) is MemoryStore else None
-        memory = self._memory
+        # MemoryStore never fails: its hits skip the outage bookkeeping entirely, on
+        # the path the store picks for this limiter (see the module notes).
+        memory = store if type(store) is MemoryStore else None
         self._memory_hit = memory.hitter(algorithm, self.name) if memory is not None else None
         # A sync store's single-limit hot path (RedisStore.decide_one), if it has one.
-        self._decide_one = getattr(store, "decide_one", None) if self._memory is None else None
+        self._decide_one = getattr(store, "decide_one", None) if memory is None else None
 
     @property
     def store_down(self) -> bool:
@@ -167,7 +166,7 @@ class _LimiterBase:
     def _request(self, key: str, cost: float, lease: str = "") -> LimitRequest:
         if self._leases and not lease:
             lease = os.urandom(9).hex()
-        return LimitRequest(self.algorithm, key, self.name, _check_cost(cost), lease)
+        return LimitRequest(self.algorithm, key, self.name, check_cost(cost), lease)
 
     def __repr__(self) -> str:
         return (
@@ -269,7 +268,7 @@ class RateLimiter(_LimiterBase):
     (default: the store's ``instances``, else 1).
     """
 
-    __slots__ = ("__dict__",)  # room for the bound fast `hit` (see __init__)
+    __slots__ = ()
 
     def __init__(
         self,
@@ -293,21 +292,12 @@ class RateLimiter(_LimiterBase):
         )
         if not callable(getattr(self.store, "decide", None)):
             raise ConfigError("store", f"{self.store!r} is not a sync store (use AsyncRateLimiter)")
-        if self._memory is not None:
-            # The hot path of an in-process limiter: TokenBucket and GCRA get a
-            # hand-inlined closure bound as this instance's `hit` (an instance
-            # attribute wins over the method), skipping one call layer and the
-            # algorithm's step call. Same decisions; see stores/_memory_fast.py.
-            slow = functools.partial(RateLimiter.hit, self)
-            fast = fast_hitter(self._memory, self.algorithm, self.name, slow)
-            if fast is not None:
-                self.__dict__["hit"] = fast
 
     def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
         memory_hit = self._memory_hit
-        if memory_hit is not None and 0 <= cost < _INF:
-            return memory_hit(key, float(cost), os.urandom(9).hex() if self._leases else "")
+        if memory_hit is not None:
+            return memory_hit(key, cost)
         decide_one = self._decide_one
         if decide_one is not None and 0 <= cost < _INF and self._health.down_since is None:
             lease = os.urandom(9).hex() if self._leases else ""
@@ -406,8 +396,8 @@ class AsyncRateLimiter(_LimiterBase):
     async def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
         memory_hit = self._memory_hit
-        if memory_hit is not None and 0 <= cost < _INF:
-            return memory_hit(key, float(cost), os.urandom(9).hex() if self._leases else "")
+        if memory_hit is not None:
+            return memory_hit(key, cost)
         return await AsyncRateLimiter.hit_many(((self, key),), cost)
 
     @staticmethod
