@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
-from ..protection._origin import COOLDOWN_STATUSES, OriginGuards, guards_for
+from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
 from ._driver import Engine, RetryHook, Run
+from ._driver import _twin as twin
 from ._http import (
     IDEMPOTENCY_KEY,
     KEYED_METHODS,
@@ -26,7 +27,16 @@ from ._http import (
     response_failure,
 )
 
-__all__ = ["HttpCall", "HttpFront", "Observation", "one_shot", "with_retry_if"]
+__all__ = [
+    "HttpCall",
+    "HttpFront",
+    "Lane",
+    "Observation",
+    "afirst_attempt",
+    "first_attempt",
+    "one_shot",
+    "with_retry_if",
+]
 
 # What an origin guard observes of a response: status, header pairs, parsed hint.
 Observation = tuple[int, list[tuple[str, str]], float | None]
@@ -70,60 +80,161 @@ class HttpFront:
         protection = {name: keywords[name] for name in _PROTECTION}
         self.guards = guards_for(**protection, clock=clock, rng=rng)
         self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
+        self._lanes: dict[str, Lane] = {}
+        self._origins: dict[Any, str] = {}
+        # With every protection off no request needs an origin: one lane for all.
+        self.bare_lane = None if self.guards.enabled else Lane(None, self.policy)
+
+    def origin(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> str:
+        """``origin_of(url)``, remembered under ``key`` (a cheap stand-in for the
+        scheme and authority of ``url``, which decide its origin)."""
+        origin = self._origins.get(key)
+        if origin is None:
+            origins = self._origins
+            if len(origins) >= _MAX_LANES:
+                origins.clear()
+            origin = origins[key] = origin_of(url)
+        return origin
+
+    def lane(self, origin: str) -> Lane:
+        """The lane of ``origin``: its guard as the registry has it now, and the policy.
+
+        The guard is asked of the registry on every request (one dict read while the
+        origin is known, which also marks it recently used), so eviction and
+        ``reset()`` / ``reset_process_guards()`` are seen at once; what is derived
+        from the guard (the policy with its breaker and budget, which parts are on)
+        is kept per origin while the registry keeps handing out that same guard.
+        """
+        guard = self.guards.get(origin)
+        lanes = self._lanes
+        lane = lanes.get(origin)
+        if lane is None or lane.guard is not guard:
+            if len(lanes) >= _MAX_LANES:
+                lanes.clear()
+            lane = lanes[origin] = Lane(guard, self.policy)
+        return lane
+
+
+class Lane:
+    """What a front end needs of one origin on every request, found once per origin.
+
+    ``guard`` is the origin's OriginGuard as the registry handed it out: a lane is
+    used only while ``guards.get(origin)`` still answers that same guard, so an
+    origin evicted from the registry, or a reset of it, gives the next request a
+    fresh lane (see :meth:`HttpFront.lane`). ``policy`` is the front end's policy
+    with the origin's breaker and budget; ``observes`` says whether a response
+    that is neither 429 nor 503 must still be shown to the guard (pacing reads
+    every response's quota headers).
+    """
+
+    __slots__ = (
+        "breaker",
+        "budget",
+        "bulkhead",
+        "deadline",
+        "guard",
+        "observes",
+        "paced",
+        "policy",
+    )
+
+    def __init__(self, guard: OriginGuard | None, policy: RetryPolicy) -> None:
+        self.guard = guard
+        self.policy = policy = policy if guard is None else guard.policy(policy)
+        self.breaker = policy.breaker
+        self.budget = policy.budget
+        self.deadline = policy.deadline_s
+        self.bulkhead = None if guard is None else guard.bulkhead
+        self.paced = guard is not None and guard.paced
+        self.observes = guard is not None and guard.pacing
+
+
+_MAX_LANES = 1024
 
 
 class HttpCall:
-    """One logical HTTP request across its attempts."""
+    """One logical HTTP request across its attempts.
 
-    __slots__ = ("front", "guard", "has_key", "method", "pairs", "replayable", "run")
+    The first attempt runs on a lean path (:func:`first_attempt`): the origin's
+    lane, the budget's count, pacing, the breaker's admission, the bulkhead, one
+    send. The engine (``run``) is started only when that attempt failed, from the
+    same start time, and drives every later attempt.
+    """
+
+    __slots__ = (
+        "_run",
+        "front",
+        "guard",
+        "has_key",
+        "lane",
+        "method",
+        "pairs",
+        "replayable",
+        "started",
+        "url",
+    )
 
     def __init__(
         self,
         front: HttpFront,
+        lane: Lane,
         method: str,
-        url: str,
-        origin: str,
+        url: Any,
         headers: MutableMapping[str, str],
         *,
         replayable: bool,
         pairs: Callable[[Any], list[tuple[str, str]]],
     ) -> None:
         self.front = front
+        self.lane = lane
+        self.guard = lane.guard
+        self.url = url  # str()-ed only when a retry is logged
         self.pairs = pairs  # the library's (name, value) list of a header mapping
         self.method = method = method.upper()
         if front.idempotency_keys and method in KEYED_METHODS and IDEMPOTENCY_KEY not in headers:
             headers[IDEMPOTENCY_KEY] = new_idempotency_key()
         self.has_key = IDEMPOTENCY_KEY in headers
         self.replayable = replayable
-        # Per-origin protection: the origin's breaker and budget join the policy;
-        # its cooldown and pacing answer the engine's PACE.
-        guards = front.guards
-        guard = self.guard = guards.get(origin) if guards.enabled else None
-        policy = front.policy
-        pace = None
-        if guard is not None:
-            policy = guard.policy(policy)
-            pace = (guard.wait_before, guard.await_before)
-        self.run: Run = front.engine.start(
-            policy, target=lambda: describe(method, url), pace=pace, discard=_DISCARD
-        )
+        self._run: Run | None = None
+        self.started = front.clock.monotonic()
 
     @property
     def policy(self) -> RetryPolicy:
         """The call's policy (with the origin's breaker and budget)."""
-        return self.run.conversation.policy
+        return self.lane.policy
+
+    @property
+    def run(self) -> Run:
+        """The engine's run of this call, started (from the call's start) on first use."""
+        run = self._run
+        if run is None:
+            guard = self.guard
+            pace = None if guard is None else (guard.wait_before, guard.await_before)
+            method, url = self.method, self.url
+            run = self._run = self.front.engine.start(
+                self.lane.policy,
+                target=lambda: describe(method, str(url)),
+                started_at=self.started,
+                pace=pace,
+                discard=_DISCARD,
+            )
+        return run
+
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline (``inf`` without one)."""
+        return self.lane.deadline - (self.front.clock.monotonic() - self.started)
 
     def slot(self) -> contextlib.AbstractContextManager[None]:
         """The origin's bulkhead slot for one attempt (waits at most the deadline)."""
         if self.guard is None:
             return contextlib.nullcontext()
-        return self.guard.slot(max(0.0, self.run.remaining()))
+        return self.guard.slot(max(0.0, self.remaining()))
 
     def aslot(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Async twin of :meth:`slot`."""
         if self.guard is None:
             return contextlib.nullcontext()
-        return self.guard.aslot(max(0.0, self.run.remaining()))
+        return self.guard.aslot(max(0.0, self.remaining()))
 
     def settle(
         self, response: Any, status: int, headers: Any, body: bytes | None
@@ -136,13 +247,14 @@ class HttpCall:
         """
         observation: Observation | None = None
         if self.guard is not None and (
-            status in COOLDOWN_STATUSES or mentions_quota(name.lower() for name in headers)
+            status in COOLDOWN_STATUSES
+            or (self.lane.observes and mentions_quota(name.lower() for name in headers))
         ):
             observation = (status, self.pairs(headers), None)
         if status < 400:
             return Outcome(None, False, response), observation
         failure = response_failure(
-            self.policy,
+            self.lane.policy,
             status,
             self.pairs(headers) if observation is None else observation[1],
             method=self.method,
@@ -167,6 +279,78 @@ class HttpCall:
         if not self.replayable:
             failure = one_shot(failure)
         return Outcome(failure, True, None, exc)
+
+
+# The first attempt, lean. The engine's order for a first attempt is COUNT, PACE
+# (+ SLEEP), ADMIT, SEND, RECORD (core/_engine.py); these two functions perform
+# exactly those effects, in that order, on the objects the driver would call, and
+# hand the attempt to the engine (`run(send, first=outcome)`) only when it failed.
+# A success therefore builds no run, conversation or retry state: the decorator's
+# fast lane, for HTTP. A breaker refusing this first attempt raises its CircuitOpen
+# as the engine's Finish.result() would.
+
+
+def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
+    """Make ``call``'s first attempt with ``send``; the engine drives any retry."""
+    lane = call.lane
+    permit = None
+    if lane.guard is not None or lane.breaker is not None or lane.budget is not None:
+        if lane.budget is not None:
+            lane.budget.record_request()
+        if lane.paced:
+            assert lane.guard is not None
+            wait = lane.guard.wait_before(_pace_limit(call))
+            if wait:
+                call.front.clock.sleep(wait)
+        if lane.breaker is not None:
+            permit = lane.breaker.acquire()
+    try:
+        outcome = send()
+    except BaseException:
+        if permit is not None and hasattr(permit, "release"):
+            permit.release()
+        raise
+    if permit is not None:
+        permit.record(failure=outcome.against_server)
+    if outcome.failure is None:
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+    return call.run.run(send, first=outcome).result()
+
+
+async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]) -> Any:
+    """Async twin of :func:`first_attempt` (awaits the async forms where there are)."""
+    lane = call.lane
+    permit = None
+    if lane.guard is not None or lane.breaker is not None or lane.budget is not None:
+        if lane.budget is not None:
+            await twin(lane.budget, "record_request")
+        if lane.paced:
+            assert lane.guard is not None
+            wait = await lane.guard.await_before(_pace_limit(call))
+            if wait:
+                await call.front.clock.asleep(wait)
+        if lane.breaker is not None:
+            permit = await twin(lane.breaker, "acquire")
+    try:
+        outcome = await asend()
+    except BaseException:
+        if permit is not None and hasattr(permit, "release"):
+            await twin(permit, "release")
+        raise
+    if permit is not None:
+        await twin(permit, "record", failure=outcome.against_server)
+    if outcome.failure is None:
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+    return (await call.run.arun(asend, first=outcome)).result()
+
+
+def _pace_limit(call: HttpCall) -> float:
+    # Conversation.pace_limit(): the time left, at most max_wait.
+    return max(0.0, min(call.remaining(), call.lane.policy.max_wait_s))
 
 
 def _discard(outcome: Outcome) -> None:

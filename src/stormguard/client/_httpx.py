@@ -19,7 +19,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, Observation
+from ._front import HttpCall, HttpFront, Observation, afirst_attempt, first_attempt
 from ._http import body_worth_reading
 
 __all__ = ["RetryTransport"]
@@ -62,11 +62,31 @@ def _origin(url: httpx.URL) -> str:
     return f"{scheme}://{url.host}:{port}"
 
 
+def _origin_key(url: httpx.URL) -> Any:
+    # The parsed scheme, host and port decide the origin; reading them off httpx's
+    # parse result costs a tuple, where _origin() costs three URL properties.
+    try:
+        ref = url._uri_reference
+        return (ref.scheme, ref.host, ref.port)
+    except AttributeError:  # an httpx without it: the origin is its own key
+        return _origin(url)
+
+
 def _cap_timeouts(request: httpx.Request, remaining: float) -> None:
-    """No attempt may outlive the call's deadline (``inf``: deadline=None)."""
+    """No attempt may outlive the call's deadline (``inf``: deadline=None).
+
+    The request's timeouts are rewritten only when the deadline shortens one.
+    """
+    if remaining == math.inf:
+        return
     timeouts = request.extensions.get("timeout")
-    if isinstance(timeouts, dict) and remaining != math.inf:
+    if isinstance(timeouts, dict):
         remaining = max(0.001, remaining)
+        for value in timeouts.values():
+            if value is None or value > remaining:
+                break
+        else:
+            return
         request.extensions["timeout"] = {
             name: remaining if value is None else min(value, remaining)
             for name, value in timeouts.items()
@@ -190,28 +210,34 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         # sent again; a generator or file stream is one-shot and is never retried.
         replayable = isinstance(request.stream, httpx.ByteStream)
         url = request.url
+        lane = self.bare_lane
+        if lane is None:
+            lane = self.lane(self.origin(_origin_key(url), url, _origin))
         return HttpCall(
             self,
+            lane,
             request.method,
-            str(url),
-            _origin(url),
+            url,
             request.headers,
             replayable=replayable,
             pairs=_multi_items,
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._sync()
+        inner = self._sync_inner or self._sync()
         call = self._call(request)
 
         def send() -> Outcome:
-            with call.slot():  # the origin's bulkhead
-                _cap_timeouts(request, call.run.remaining())
+            bulkhead = call.lane.bulkhead
+            if bulkhead is not None:  # the origin's bulkhead, waiting at most the deadline
+                bulkhead.acquire(max(0.0, call.remaining()))
+            try:
+                _cap_timeouts(request, call.remaining())
                 try:
                     response = inner.handle_request(request)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
-                if _wants_body(response):
+                if response.status_code >= 400 and _wants_body(response):
                     with contextlib.suppress(httpx.HTTPError):
                         response.read()
                 outcome, observation = _settle(call, response)
@@ -219,22 +245,28 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     assert call.guard is not None
                     call.guard.observe(*observation)
                 return outcome
+            finally:
+                if bulkhead is not None:
+                    bulkhead.release()
 
-        response: httpx.Response = call.run.run(send).result()
+        response: httpx.Response = first_attempt(call, send)
         return response
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._async()
+        inner = self._async_inner or self._async()
         call = self._call(request)
 
         async def asend() -> Outcome:
-            async with call.aslot():
-                _cap_timeouts(request, call.run.remaining())
+            bulkhead = call.lane.bulkhead
+            if bulkhead is not None:
+                await bulkhead.aacquire(max(0.0, call.remaining()))
+            try:
+                _cap_timeouts(request, call.remaining())
                 try:
                     response = await inner.handle_async_request(request)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
-                if _wants_body(response):
+                if response.status_code >= 400 and _wants_body(response):
                     with contextlib.suppress(httpx.HTTPError):
                         await response.aread()
                 outcome, observation = _settle(call, response)
@@ -242,6 +274,9 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     assert call.guard is not None
                     await call.guard.aobserve(*observation)
                 return outcome
+            finally:
+                if bulkhead is not None:
+                    bulkhead.release()
 
-        response: httpx.Response = (await call.run.arun(asend)).result()
+        response: httpx.Response = await afirst_attempt(call, asend)
         return response

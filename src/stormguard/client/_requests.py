@@ -23,7 +23,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards, origin_of
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront
+from ._front import HttpCall, HttpFront, first_attempt
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
@@ -100,23 +100,28 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
         url = request.url or ""
+        lane = self.bare_lane
+        if lane is None:
+            lane = self.lane(self.origin(_origin_key(url), url, origin_of))
         call = HttpCall(
             self,
+            lane,
             request.method or "GET",
             url,
-            origin_of(url),
             request.headers,
             replayable=_replayable(request.body),
             pairs=_items,
         )
+        adapter_send = super().send
 
         def send_once() -> Outcome:
-            with call.slot():  # the origin's bulkhead
-                capped = _cap_timeout(timeout, call.run.remaining())
+            bulkhead = lane.bulkhead
+            if bulkhead is not None:  # the origin's bulkhead, waiting at most the deadline
+                bulkhead.acquire(max(0.0, call.remaining()))
+            try:
+                capped = _cap_timeout(timeout, call.remaining())
                 try:
-                    response = super(RetryAdapter, self).send(
-                        request, stream, capped, verify, cert, proxies
-                    )
+                    response = adapter_send(request, stream, capped, verify, cert, proxies)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
                 status = response.status_code
@@ -129,9 +134,19 @@ class RetryAdapter(HttpFront, HTTPAdapter):
                     assert call.guard is not None
                     call.guard.observe(*observation)
                 return outcome
+            finally:
+                if bulkhead is not None:
+                    bulkhead.release()
 
-        result: requests.Response = call.run.run(send_once).result()
+        result: requests.Response = first_attempt(call, send_once)
         return result
+
+
+def _origin_key(url: str) -> str:
+    # Everything up to the first "/" after the scheme holds the scheme and the whole
+    # authority (requests' prepared URLs always have a path), so it decides the origin.
+    end = url.find("/", url.find("://") + 3)
+    return url if end < 0 else url[:end]
 
 
 def _items(headers: Any) -> list[tuple[str, str]]:

@@ -143,6 +143,16 @@ class OriginGuard:
         self._pacer = pacer
         self._policy_cache: tuple[Any, Any] | None = None
 
+    @property
+    def paced(self) -> bool:
+        """Whether :meth:`wait_before` can ask for a wait (a cooldown or pacing is on)."""
+        return self._cooldown is not None or self._pacer is not None
+
+    @property
+    def pacing(self) -> bool:
+        """Whether :meth:`observe` learns from every response (pacing reads quotas)."""
+        return self._pacer is not None
+
     def in_use(self, *, breaker: bool = True, bulkhead: bool = True) -> bool:
         """Whether forgetting this guard would lose protection that is running now.
 

@@ -1,0 +1,229 @@
+"""The HTTP adapters' success path: time each adds to a request that needs no retry.
+
+Only the libraries are timed, never a network: every contender in a table sends
+the same GET to the same in-process base, and a figure is the time per request
+minus the bare client's on that base (µs added), best of N rounds, the
+contenders interleaved within each round so load on the machine hits them alike.
+
+* httpx, sync and async: the base is ``httpx.MockTransport`` answering 200 with a
+  two-byte body. Bare: ``httpx.Client(transport=mock)``. Peer: httpx-retries'
+  ``RetryTransport(transport=mock, retry=Retry(total=3, backoff_factor=0.5))``.
+  stormguard: ``RetryTransport(mock)`` with all protection off, then with its
+  defaults (breaker, budget, bulkhead, cooldown, pacing).
+* requests: the base sits *under* urllib3, so urllib3's own retry logic runs in
+  every contender: ``HTTPAdapter.send`` asks for a connection pool, and the pool
+  given (a real ``HTTPConnectionPool`` whose ``_make_request`` returns a canned
+  ``urllib3.HTTPResponse`` instead of writing to a socket) runs ``urlopen`` as it
+  would for a real request. Bare: ``HTTPAdapter()`` on that pool (requests'
+  default, ``Retry(0, read=False)``). Peer: ``HTTPAdapter(max_retries=Retry(total=3,
+  backoff_factor=0.5, status_forcelist=(429, 502, 503, 504)))``. stormguard:
+  ``RetryAdapter`` on the same pool (it delegates each attempt to
+  ``HTTPAdapter.send``), protection off, then defaults. Note what this shows: a
+  ``requests`` call runs urllib3's Retry machinery whether or not the user
+  configures it, so the peer's *added* cost is close to zero and within noise;
+  its row is printed for completeness and stormguard's figures are also given as
+  a share of the bare request.
+
+Ratios are the figures (absolute times are noise on shared machines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import io
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+_URL = "http://bench.invalid/items?page=1"
+
+
+def _best(contenders: dict[str, Callable[[], float]], repeat: int) -> dict[str, float]:
+    """Best seconds per request of each contender; contenders interleaved per round."""
+    best = dict.fromkeys(contenders, float("inf"))
+    for _ in range(repeat):
+        for name, timed in contenders.items():
+            gc.collect()
+            best[name] = min(best[name], timed())
+    return best
+
+
+def _sync_timer(get: Callable[[], Any], number: int) -> Callable[[], float]:
+    def timed() -> float:
+        started = time.perf_counter()
+        for _ in range(number):
+            get()
+        return (time.perf_counter() - started) / number
+
+    return timed
+
+
+def _async_timer(
+    loop: asyncio.AbstractEventLoop, get: Callable[[], Awaitable[Any]], number: int
+) -> Callable[[], float]:
+    async def many() -> float:
+        started = time.perf_counter()
+        for _ in range(number):
+            await get()
+        return (time.perf_counter() - started) / number
+
+    def timed() -> float:
+        return loop.run_until_complete(many())
+
+    return timed
+
+
+_OFF: dict[str, Any] = {
+    "breaker": False,
+    "budget": False,
+    "bulkhead": False,
+    "cooldown": False,
+    "pacing": False,
+}
+
+
+def _report(title: str, times: dict[str, float], peer: str) -> dict[str, float]:
+    bare = times["bare"]
+    added = {name: t - bare for name, t in times.items() if name != "bare"}
+    print(f"\n{title}  (bare request {bare * 1e6:.1f} µs)")
+    print(f"  {'contender':<24} {'µs added':>9} {'vs peer':>8} {'vs bare':>8}")
+    for name, value in added.items():
+        versus = value / added[peer] if added[peer] > 0 else float("nan")
+        print(f"  {name:<24} {value * 1e6:>9.2f} {versus:>7.2f}x {value / bare:>7.1%}")
+    return added
+
+
+def bench_httpx_sync(number: int, repeat: int) -> dict[str, float]:
+    import httpx
+    import httpx_retries
+
+    from stormguard.httpx import RetryTransport
+
+    mock = httpx.MockTransport(lambda request: httpx.Response(200, content=b"ok"))
+    clients = {
+        "bare": httpx.Client(transport=mock),
+        "httpx-retries": httpx.Client(
+            transport=httpx_retries.RetryTransport(
+                transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
+            )
+        ),
+        "stormguard off": httpx.Client(transport=RetryTransport(mock, **_OFF)),
+        "stormguard defaults": httpx.Client(transport=RetryTransport(mock)),
+    }
+    timers = {
+        name: _sync_timer(lambda c=client: c.get(_URL), number) for name, client in clients.items()
+    }
+    times = _best(timers, repeat)
+    for client in clients.values():
+        client.close()
+    return _report("httpx sync, per GET", times, "httpx-retries")
+
+
+def bench_httpx_async(number: int, repeat: int) -> dict[str, float]:
+    import httpx
+    import httpx_retries
+
+    from stormguard.httpx import RetryTransport
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"ok")
+
+    mock = httpx.MockTransport(answer)
+    loop = asyncio.new_event_loop()
+    clients = {
+        "bare": httpx.AsyncClient(transport=mock),
+        "httpx-retries": httpx.AsyncClient(
+            transport=httpx_retries.RetryTransport(
+                transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
+            )
+        ),
+        "stormguard off": httpx.AsyncClient(transport=RetryTransport(mock, **_OFF)),
+        "stormguard defaults": httpx.AsyncClient(transport=RetryTransport(mock)),
+    }
+    timers = {
+        name: _async_timer(loop, lambda c=client: c.get(_URL), number)
+        for name, client in clients.items()
+    }
+    times = _best(timers, repeat)
+    for client in clients.values():
+        loop.run_until_complete(client.aclose())
+    loop.close()
+    return _report("httpx async, per GET", times, "httpx-retries")
+
+
+def _canned_pool_adapters() -> dict[str, Any]:
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3 import HTTPConnectionPool, HTTPResponse
+    from urllib3.util.retry import Retry
+
+    from stormguard.requests import RetryAdapter
+
+    class CannedPool(HTTPConnectionPool):
+        # urlopen runs as for a real request; only the wire exchange is canned.
+        def _make_request(self, conn: Any, method: str, url: str, **kw: Any) -> Any:
+            return HTTPResponse(
+                body=io.BytesIO(b"ok"),
+                headers={"Content-Length": "2", "Content-Type": "text/plain"},
+                status=200,
+                preload_content=kw.get("preload_content", True),
+                decode_content=kw.get("decode_content", True),
+                request_method=method,
+                request_url=url,
+                retries=kw.get("retries"),
+                connection=kw.get("response_conn"),
+            )
+
+    pool = CannedPool("bench.invalid", 80, maxsize=4)
+
+    class OnCannedPool:
+        def get_connection_with_tls_context(self, *args: Any, **kwargs: Any) -> Any:
+            return pool
+
+    class Bare(OnCannedPool, HTTPAdapter):
+        pass
+
+    class Stormguard(OnCannedPool, RetryAdapter):
+        pass
+
+    peer_retry = Retry(total=3, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504))
+    adapters = {
+        "bare": Bare(),
+        "urllib3 Retry": Bare(max_retries=peer_retry),
+        "stormguard off": Stormguard(**_OFF),
+        "stormguard defaults": Stormguard(),
+    }
+    sessions = {}
+    for name, adapter in adapters.items():
+        session = requests.Session()
+        session.mount("http://", adapter)
+        sessions[name] = session
+    return sessions
+
+
+def bench_requests(number: int, repeat: int) -> dict[str, float]:
+    sessions = _canned_pool_adapters()
+    for session in sessions.values():
+        assert session.get(_URL, timeout=10).content == b"ok"
+    timers = {
+        name: _sync_timer(lambda s=session: s.get(_URL, timeout=10), number)
+        for name, session in sessions.items()
+    }
+    times = _best(timers, repeat)
+    for session in sessions.values():
+        session.close()
+    return _report(
+        "requests, per GET (urllib3 pool with a canned wire exchange)", times, "urllib3 Retry"
+    )
+
+
+def main(quick: bool = False) -> None:
+    number, repeat = (300, 2) if quick else (3000, 5)
+    bench_httpx_sync(number, repeat)
+    bench_httpx_async(number, repeat)
+    bench_requests(number, repeat)
+
+
+if __name__ == "__main__":
+    main()
