@@ -22,7 +22,6 @@ from ._http import (
     KEYED_METHODS,
     describe,
     error_failure,
-    mentions_quota,
     new_idempotency_key,
     response_failure,
 )
@@ -65,6 +64,22 @@ class HttpFront:
     rng: random.Random | None
     guards: OriginGuards
     engine: Engine
+    monotonic: Callable[[], float]
+
+    @staticmethod
+    def pairs(headers: Any) -> list[tuple[str, str]]:
+        """The library's header mapping as (name, value) pairs."""
+        raise NotImplementedError
+
+    @staticmethod
+    def names_quota(headers: Any) -> bool:
+        """Whether a header name of the library's mapping is a rate-limit header."""
+        raise NotImplementedError
+
+    @staticmethod
+    def replayable(request: Any) -> bool:
+        """Whether the library's request has a body that can be sent again."""
+        raise NotImplementedError
 
     def _configure(self, keywords: dict[str, Any]) -> None:
         """Take the adapter's keywords (its ``locals()``): policy, keys, hooks, protection."""
@@ -76,42 +91,45 @@ class HttpFront:
         self.idempotency_keys = bool(keywords["idempotency_keys"])
         self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
+        self.monotonic = self.clock.monotonic
         self.rng = rng
         protection = {name: keywords[name] for name in _PROTECTION}
         self.guards = guards_for(**protection, clock=clock, rng=rng)
         self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
-        self._lanes: dict[str, Lane] = {}
-        self._origins: dict[Any, str] = {}
+        self._lanes: dict[Any, Lane] = {}
         # With every protection off no request needs an origin: one lane for all.
-        self.bare_lane = None if self.guards.enabled else Lane(None, self.policy)
+        self.bare_lane = None if self.guards.enabled else Lane("", None, self.policy)
 
-    def origin(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> str:
-        """``origin_of(url)``, remembered under ``key`` (a cheap stand-in for the
-        scheme and authority of ``url``, which decide its origin)."""
-        origin = self._origins.get(key)
-        if origin is None:
-            origins = self._origins
-            if len(origins) >= _MAX_LANES:
-                origins.clear()
-            origin = origins[key] = origin_of(url)
-        return origin
+    def lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
+        """The lane of the origin of ``url``; ``key`` is a cheap stand-in for the
+        scheme and authority of ``url`` (which decide its origin), ``origin_of``
+        computes the origin itself when the lane is made.
 
-    def lane(self, origin: str) -> Lane:
-        """The lane of ``origin``: its guard as the registry has it now, and the policy.
-
-        The guard is asked of the registry on every request (one dict read while the
-        origin is known, which also marks it recently used), so eviction and
-        ``reset()`` / ``reset_process_guards()`` are seen at once; what is derived
-        from the guard (the policy with its breaker and budget, which parts are on)
-        is kept per origin while the registry keeps handing out that same guard.
+        A lane holds the guard the registry handed out and is used while the
+        registry's ``generation`` is unchanged: an eviction or a ``reset()`` (also
+        ``reset_process_guards()``) makes every lane ask the registry again at its
+        next request. Every ``_TOUCH_EVERY`` requests a lane also asks the registry
+        for its guard, which marks the origin recently used for eviction.
         """
-        guard = self.guards.get(origin)
-        lanes = self._lanes
-        lane = lanes.get(origin)
+        lane = self._lanes.get(key)
+        if lane is not None and lane.generation == self.guards.generation:
+            lane.uses += 1
+            if lane.uses < _TOUCH_EVERY:
+                return lane
+        return self._new_lane(key, url, origin_of)
+
+    def _new_lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
+        guards, lanes = self.guards, self._lanes
+        generation = guards.generation
+        lane = lanes.get(key)
+        origin = origin_of(url) if lane is None else lane.origin
+        guard = guards.get(origin)
         if lane is None or lane.guard is not guard:
             if len(lanes) >= _MAX_LANES:
                 lanes.clear()
-            lane = lanes[origin] = Lane(guard, self.policy)
+            lane = lanes[key] = Lane(origin, guard, self.policy)
+        lane.generation = generation
+        lane.uses = 0
         return lane
 
 
@@ -119,9 +137,9 @@ class Lane:
     """What a front end needs of one origin on every request, found once per origin.
 
     ``guard`` is the origin's OriginGuard as the registry handed it out: a lane is
-    used only while ``guards.get(origin)`` still answers that same guard, so an
-    origin evicted from the registry, or a reset of it, gives the next request a
-    fresh lane (see :meth:`HttpFront.lane`). ``policy`` is the front end's policy
+    used only while the registry's ``generation`` is the one it was found in, so
+    an origin evicted from the registry, or a reset of it, gives the next request
+    the registry's guard again (see :meth:`HttpFront.lane`). ``policy`` is the front end's policy
     with the origin's breaker and budget; ``observes`` says whether a response
     that is neither 429 nor 503 must still be shown to the guard (pacing reads
     every response's quota headers).
@@ -132,13 +150,20 @@ class Lane:
         "budget",
         "bulkhead",
         "deadline",
+        "generation",
         "guard",
         "observes",
+        "origin",
         "paced",
         "policy",
+        "protected",
+        "uses",
     )
 
-    def __init__(self, guard: OriginGuard | None, policy: RetryPolicy) -> None:
+    def __init__(self, origin: str, guard: OriginGuard | None, policy: RetryPolicy) -> None:
+        self.origin = origin
+        self.generation = -1
+        self.uses = 0
         self.guard = guard
         self.policy = policy = policy if guard is None else guard.policy(policy)
         self.breaker = policy.breaker
@@ -147,9 +172,12 @@ class Lane:
         self.bulkhead = None if guard is None else guard.bulkhead
         self.paced = guard is not None and guard.paced
         self.observes = guard is not None and guard.pacing
+        # Anything to do before the send at all (count, pace, admit)?
+        self.protected = self.paced or self.breaker is not None or self.budget is not None
 
 
 _MAX_LANES = 1024
+_TOUCH_EVERY = 256
 
 
 class HttpCall:
@@ -158,18 +186,20 @@ class HttpCall:
     The first attempt runs on a lean path (:func:`first_attempt`): the origin's
     lane, the budget's count, pacing, the breaker's admission, the bulkhead, one
     send. The engine (``run``) is started only when that attempt failed, from the
-    same start time, and drives every later attempt.
+    same start time, and drives every later attempt. Whether the request carries
+    an ``Idempotency-Key`` (``has_key``) and whether its body can be replayed
+    (``replayable``) are read only when an attempt failed.
     """
 
     __slots__ = (
+        "_has_key",
         "_run",
         "front",
         "guard",
-        "has_key",
+        "headers",
         "lane",
         "method",
-        "pairs",
-        "replayable",
+        "request",
         "started",
         "url",
     )
@@ -181,27 +211,41 @@ class HttpCall:
         method: str,
         url: Any,
         headers: MutableMapping[str, str],
-        *,
-        replayable: bool,
-        pairs: Callable[[Any], list[tuple[str, str]]],
+        request: Any,
     ) -> None:
         self.front = front
         self.lane = lane
         self.guard = lane.guard
         self.url = url  # str()-ed only when a retry is logged
-        self.pairs = pairs  # the library's (name, value) list of a header mapping
-        self.method = method = method.upper()
-        if front.idempotency_keys and method in KEYED_METHODS and IDEMPOTENCY_KEY not in headers:
-            headers[IDEMPOTENCY_KEY] = new_idempotency_key()
-        self.has_key = IDEMPOTENCY_KEY in headers
-        self.replayable = replayable
+        self.headers = headers
+        self.method = method
+        self._has_key: bool | None = None
+        if front.idempotency_keys:
+            self.method = method = method.upper()
+            if method in KEYED_METHODS and IDEMPOTENCY_KEY not in headers:
+                headers[IDEMPOTENCY_KEY] = new_idempotency_key()
+                self._has_key = True
+        self.request = request
         self._run: Run | None = None
-        self.started = front.clock.monotonic()
+        self.started = front.monotonic()
+
+    @property
+    def has_key(self) -> bool:
+        """Whether the request carries an ``Idempotency-Key``."""
+        has_key = self._has_key
+        if has_key is None:
+            has_key = self._has_key = IDEMPOTENCY_KEY in self.headers
+        return has_key
 
     @property
     def policy(self) -> RetryPolicy:
         """The call's policy (with the origin's breaker and budget)."""
         return self.lane.policy
+
+    @property
+    def replayable(self) -> bool:
+        """Whether the request's body can be sent again (asked after a failure only)."""
+        return self.front.replayable(self.request)
 
     @property
     def run(self) -> Run:
@@ -210,7 +254,7 @@ class HttpCall:
         if run is None:
             guard = self.guard
             pace = None if guard is None else (guard.wait_before, guard.await_before)
-            method, url = self.method, self.url
+            method, url = self.method.upper(), self.url
             run = self._run = self.front.engine.start(
                 self.lane.policy,
                 target=lambda: describe(method, str(url)),
@@ -222,7 +266,7 @@ class HttpCall:
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (``inf`` without one)."""
-        return self.lane.deadline - (self.front.clock.monotonic() - self.started)
+        return self.lane.deadline - (self.front.monotonic() - self.started)
 
     def slot(self) -> contextlib.AbstractContextManager[None]:
         """The origin's bulkhead slot for one attempt (waits at most the deadline)."""
@@ -245,21 +289,21 @@ class HttpCall:
         ``headers`` is the library's header mapping; ``body`` the small 429/503
         body already read, if any.
         """
+        front = self.front
         observation: Observation | None = None
         if self.guard is not None and (
-            status in COOLDOWN_STATUSES
-            or (self.lane.observes and mentions_quota(name.lower() for name in headers))
+            status in COOLDOWN_STATUSES or (self.lane.observes and front.names_quota(headers))
         ):
-            observation = (status, self.pairs(headers), None)
+            observation = (status, front.pairs(headers), None)
         if status < 400:
-            return Outcome(None, False, response), observation
+            return _success(response), observation
         failure = response_failure(
             self.lane.policy,
             status,
-            self.pairs(headers) if observation is None else observation[1],
-            method=self.method,
+            front.pairs(headers) if observation is None else observation[1],
+            method=self.method.upper(),
             has_key=self.has_key,
-            wall_now=self.front.clock.time(),
+            wall_now=front.clock.time(),
             body=body,
             content_type=headers.get("content-type"),
             subject=response,
@@ -275,10 +319,15 @@ class HttpCall:
         """A transport error as the attempt's Outcome (FINAL ones end the call)."""
         if kind is Failure.FINAL:
             return Outcome(None, False, None, exc)
-        failure = error_failure(kind, exc, method=self.method, has_key=self.has_key)
+        failure = error_failure(kind, exc, method=self.method.upper(), has_key=self.has_key)
         if not self.replayable:
             failure = one_shot(failure)
         return Outcome(failure, True, None, exc)
+
+
+def _success(response: Any) -> Outcome:
+    # Outcome(None, False, response) without NamedTuple's Python-level __new__.
+    return tuple.__new__(Outcome, (None, False, response, None))
 
 
 # The first attempt, lean. The engine's order for a first attempt is COUNT, PACE
@@ -294,7 +343,7 @@ def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
     """Make ``call``'s first attempt with ``send``; the engine drives any retry."""
     lane = call.lane
     permit = None
-    if lane.guard is not None or lane.breaker is not None or lane.budget is not None:
+    if lane.protected:
         if lane.budget is not None:
             lane.budget.record_request()
         if lane.paced:
@@ -311,11 +360,11 @@ def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
             permit.release()
         raise
     if permit is not None:
-        permit.record(failure=outcome.against_server)
-    if outcome.failure is None:
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value
+        permit.record(failure=outcome[1])
+    if outcome[0] is None:
+        if outcome[3] is not None:
+            raise outcome[3]
+        return outcome[2]
     return call.run.run(send, first=outcome).result()
 
 
@@ -323,7 +372,7 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
     """Async twin of :func:`first_attempt` (awaits the async forms where there are)."""
     lane = call.lane
     permit = None
-    if lane.guard is not None or lane.breaker is not None or lane.budget is not None:
+    if lane.protected:
         if lane.budget is not None:
             await twin(lane.budget, "record_request")
         if lane.paced:
@@ -340,11 +389,11 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
             await twin(permit, "release")
         raise
     if permit is not None:
-        await twin(permit, "record", failure=outcome.against_server)
-    if outcome.failure is None:
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value
+        await twin(permit, "record", failure=outcome[1])
+    if outcome[0] is None:
+        if outcome[3] is not None:
+            raise outcome[3]
+        return outcome[2]
     return (await call.run.arun(asend, first=outcome)).result()
 
 

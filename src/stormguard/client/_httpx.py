@@ -19,7 +19,14 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, Observation, afirst_attempt, first_attempt
+from ._front import (
+    HttpCall,
+    HttpFront,
+    Observation,
+    _success,
+    afirst_attempt,
+    first_attempt,
+)
 from ._http import body_worth_reading
 
 __all__ = ["RetryTransport"]
@@ -102,10 +109,6 @@ def _settle(call: HttpCall, response: httpx.Response) -> tuple[Outcome, Observat
     status = response.status_code
     body = _body_if_read(response) if status >= 400 else None
     return call.settle(response, status, response.headers, body)
-
-
-def _multi_items(headers: httpx.Headers) -> list[tuple[str, str]]:
-    return headers.multi_items()
 
 
 class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -206,29 +209,40 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     # -- the two front ends of the engine ---------------------------------------
 
     def _call(self, request: httpx.Request) -> HttpCall:
-        # Bodies given as bytes/str/json/form are held in a ByteStream and can be
-        # sent again; a generator or file stream is one-shot and is never retried.
-        replayable = isinstance(request.stream, httpx.ByteStream)
         url = request.url
         lane = self.bare_lane
         if lane is None:
-            lane = self.lane(self.origin(_origin_key(url), url, _origin))
-        return HttpCall(
-            self,
-            lane,
-            request.method,
-            url,
-            request.headers,
-            replayable=replayable,
-            pairs=_multi_items,
-        )
+            lane = self.lane(_origin_key(url), url, _origin)
+        return HttpCall(self, lane, request.method, url, request.headers, request)
+
+    @staticmethod
+    def replayable(request: Any) -> bool:
+        """Bodies given as bytes/str/json/form are held in a ByteStream and can be
+        sent again; a generator or file stream is one-shot and is never retried."""
+        return isinstance(request.stream, httpx.ByteStream)
+
+    @staticmethod
+    def pairs(headers: Any) -> list[tuple[str, str]]:
+        """httpx headers as (name, value) pairs."""
+        pairs: list[tuple[str, str]] = headers.multi_items()
+        return pairs
+
+    @staticmethod
+    def names_quota(headers: Any) -> bool:
+        """Whether a rate-limit header is among httpx ``headers`` (raw names, one pass)."""
+        try:  # httpx keeps each name lower-cased beside the raw one
+            names = b" ".join([lower for _, lower, _ in headers._list])
+        except AttributeError:
+            names = b" ".join([name for name, _ in headers.raw]).lower()
+        return b"ratelimit" in names or b"rate-limit" in names
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
         call = self._call(request)
+        lane = call.lane
 
         def send() -> Outcome:
-            bulkhead = call.lane.bulkhead
+            bulkhead = lane.bulkhead
             if bulkhead is not None:  # the origin's bulkhead, waiting at most the deadline
                 bulkhead.acquire(max(0.0, call.remaining()))
             try:
@@ -237,6 +251,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     response = inner.handle_request(request)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
+                if response.status_code < 400 and not lane.observes:
+                    return _success(response)
                 if response.status_code >= 400 and _wants_body(response):
                     with contextlib.suppress(httpx.HTTPError):
                         response.read()
@@ -255,9 +271,10 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._async_inner or self._async()
         call = self._call(request)
+        lane = call.lane
 
         async def asend() -> Outcome:
-            bulkhead = call.lane.bulkhead
+            bulkhead = lane.bulkhead
             if bulkhead is not None:
                 await bulkhead.aacquire(max(0.0, call.remaining()))
             try:
@@ -266,6 +283,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     response = await inner.handle_async_request(request)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
+                if response.status_code < 400 and not lane.observes:
+                    return _success(response)
                 if response.status_code >= 400 and _wants_body(response):
                     with contextlib.suppress(httpx.HTTPError):
                         await response.aread()

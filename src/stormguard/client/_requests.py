@@ -23,7 +23,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards, origin_of
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, first_attempt
+from ._front import HttpCall, HttpFront, _success, first_attempt
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
@@ -45,10 +45,6 @@ def _failure_kind(exc: Exception) -> Failure:
     if isinstance(exc, requests.exceptions.Timeout | requests.exceptions.ChunkedEncodingError):
         return Failure.MAYBE_PROCESSED
     return Failure.FINAL
-
-
-def _replayable(body: Any) -> bool:
-    return body is None or isinstance(body, bytes | str)
 
 
 class RetryAdapter(HttpFront, HTTPAdapter):
@@ -90,6 +86,23 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         super().__init__(max_retries=0, **adapter_kwargs)
         self._configure(locals())
 
+    @staticmethod
+    def pairs(headers: Any) -> list[tuple[str, str]]:
+        """requests headers as (name, value) pairs."""
+        return list(headers.items())
+
+    @staticmethod
+    def names_quota(headers: Any) -> bool:
+        """Whether a rate-limit header is among requests ``headers`` (one pass)."""
+        names = " ".join(headers).lower()
+        return "ratelimit" in names or "rate-limit" in names
+
+    @staticmethod
+    def replayable(request: Any) -> bool:
+        """No body, bytes or str can be sent again; a generator or file cannot."""
+        body = request.body
+        return body is None or isinstance(body, bytes | str)
+
     def send(
         self,
         request: requests.PreparedRequest,
@@ -102,16 +115,8 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         url = request.url or ""
         lane = self.bare_lane
         if lane is None:
-            lane = self.lane(self.origin(_origin_key(url), url, origin_of))
-        call = HttpCall(
-            self,
-            lane,
-            request.method or "GET",
-            url,
-            request.headers,
-            replayable=_replayable(request.body),
-            pairs=_items,
-        )
+            lane = self.lane(_origin_key(url), url, origin_of)
+        call = HttpCall(self, lane, request.method or "GET", url, request.headers, request)
         adapter_send = super().send
 
         def send_once() -> Outcome:
@@ -125,6 +130,8 @@ class RetryAdapter(HttpFront, HTTPAdapter):
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
                 status = response.status_code
+                if status < 400 and not lane.observes:
+                    return _success(response)
                 small = status >= 400 and body_worth_reading(
                     status, response.headers.get("content-length")
                 )
@@ -147,10 +154,6 @@ def _origin_key(url: str) -> str:
     # authority (requests' prepared URLs always have a path), so it decides the origin.
     end = url.find("/", url.find("://") + 3)
     return url if end < 0 else url[:end]
-
-
-def _items(headers: Any) -> list[tuple[str, str]]:
-    return list(headers.items())
 
 
 def _cap_timeout(
