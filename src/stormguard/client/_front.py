@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -81,10 +81,10 @@ class HttpCall:
         self,
         front: HttpFront,
         method: str,
-        url: str,
-        origin: str,
+        url: Any,
         headers: MutableMapping[str, str],
         *,
+        origin_of: Callable[[Any], str],
         replayable: bool,
         pairs: Callable[[Any], list[tuple[str, str]]],
     ) -> None:
@@ -98,14 +98,14 @@ class HttpCall:
         # Per-origin protection: the origin's breaker and budget join the policy;
         # its cooldown and pacing answer the engine's PACE.
         guards = front.guards
-        guard = self.guard = guards.get(origin) if guards.enabled else None
+        guard = self.guard = guards.get(origin_of(url)) if guards.enabled else None
         policy = front.policy
         pace = None
         if guard is not None:
             policy = guard.policy(policy)
             pace = (guard.wait_before, guard.await_before)
         self.run: Run = front.engine.start(
-            policy, target=lambda: describe(method, url), pace=pace, discard=_DISCARD
+            policy, target=lambda: describe(method, str(url)), pace=pace, discard=_DISCARD
         )
 
     @property
@@ -126,18 +126,21 @@ class HttpCall:
         return self.guard.aslot(max(0.0, self.run.remaining()))
 
     def settle(
-        self, response: Any, status: int, headers: Any, body: bytes | None
+        self,
+        response: Any,
+        status: int,
+        headers: Any,
+        names: Callable[[], Iterable[str]],
+        body: bytes | None,
     ) -> tuple[Outcome, Observation | None]:
         """A response as the attempt's Outcome (5xx count against the server, 4xx
         not), and what the origin's guard should observe of it (or None).
 
-        ``headers`` is the library's header mapping; ``body`` the small 429/503
-        body already read, if any.
+        ``headers`` is the library's header mapping, ``names()`` its lower-cased
+        names; ``body`` the small 429/503 body already read, if any.
         """
         observation: Observation | None = None
-        if self.guard is not None and (
-            status in COOLDOWN_STATUSES or mentions_quota(name.lower() for name in headers)
-        ):
+        if self.guard is not None and (status in COOLDOWN_STATUSES or mentions_quota(names())):
             observation = (status, self.pairs(headers), None)
         if status < 400:
             return Outcome(None, False, response), observation

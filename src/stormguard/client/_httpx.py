@@ -81,7 +81,8 @@ def _wants_body(response: httpx.Response) -> bool:
 def _settle(call: HttpCall, response: httpx.Response) -> tuple[Outcome, Observation | None]:
     status = response.status_code
     body = _body_if_read(response) if status >= 400 else None
-    return call.settle(response, status, response.headers, body)
+    headers = response.headers
+    return call.settle(response, status, headers, headers.keys, body)  # keys are lower-case
 
 
 def _multi_items(headers: httpx.Headers) -> list[tuple[str, str]]:
@@ -189,13 +190,12 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         # Bodies given as bytes/str/json/form are held in a ByteStream and can be
         # sent again; a generator or file stream is one-shot and is never retried.
         replayable = isinstance(request.stream, httpx.ByteStream)
-        url = request.url
         return HttpCall(
             self,
             request.method,
-            str(url),
-            _origin(url),
+            request.url,
             request.headers,
+            origin_of=_origin,
             replayable=replayable,
             pairs=_multi_items,
         )

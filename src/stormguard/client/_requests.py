@@ -99,13 +99,12 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        url = request.url or ""
         call = HttpCall(
             self,
             request.method or "GET",
-            url,
-            origin_of(url),
+            request.url or "",
             request.headers,
+            origin_of=origin_of,
             replayable=_replayable(request.body),
             pairs=_items,
         )
@@ -124,7 +123,10 @@ class RetryAdapter(HttpFront, HTTPAdapter):
                     status, response.headers.get("content-length")
                 )
                 body = response.content if small else None
-                outcome, observation = call.settle(response, status, response.headers, body)
+                headers = response.headers
+                outcome, observation = call.settle(
+                    response, status, headers, lambda: (name.lower() for name in headers), body
+                )
                 if observation is not None:
                     assert call.guard is not None
                     call.guard.observe(*observation)
