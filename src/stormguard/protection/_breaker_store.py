@@ -29,9 +29,11 @@
 # seeded breaker is reproducible; `ttl` lets idle breakers expire from Redis.
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +66,7 @@ class BreakerStore:
     """Runs one named breaker's scripts on a shared store (raises StoreError)."""
 
     __slots__ = (
+        "_arefreshing",
         "_batch",
         "_cache",
         "_lock",
@@ -105,6 +108,9 @@ class BreakerStore:
         self.staleness = min(staleness, 0.5 * config.open_for * (1.0 - config.jitter))
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
+        self._arefreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
         # (read at, closed admission or None, open until, generation, state): one
         # tuple replaced at once, so a lock-free reader sees one consistent reading.
         self._cache: tuple[float, RemoteAdmission | None, float, int, str] = (
@@ -208,7 +214,7 @@ class BreakerStore:
     async def aadmit(self, now: float) -> RemoteAdmission:
         """Async twin of :meth:`admit`."""
         if self.staleness > 0:
-            answer = self.cached(now) or await self.arefresh(now)
+            answer = self.cached(now) or await self._arefresh_once(now)
             if answer.state != "half_open":
                 return answer
         return await self.aacquire()
@@ -231,6 +237,22 @@ class BreakerStore:
         """Admit one call (or, with ``peek``, only read the state)."""
         args = self._args("1" if peek else "0")
         return self._admission(self.shared.run("breaker_acquire", self.keys, args))
+
+    async def _arefresh_once(self, now: float) -> RemoteAdmission:
+        # The tasks of one event loop finding the cache stale together: the first
+        # refreshes, the others wait for it (never blocking the loop on a lock).
+        loop = asyncio.get_running_loop()
+        running = self._arefreshing.get(loop)
+        if running is not None:
+            await asyncio.shield(running)
+            return self.cached(now) or await self.arefresh(now)
+        done: asyncio.Future[None] = loop.create_future()
+        self._arefreshing[loop] = done
+        try:
+            return await self.arefresh(now)
+        finally:
+            del self._arefreshing[loop]
+            done.set_result(None)
 
     async def aacquire(self, *, peek: bool = False) -> RemoteAdmission:
         """Async twin of :meth:`acquire`."""
