@@ -39,6 +39,7 @@ from typing import Any
 
 from ..core._breaker import BreakerConfig
 from ..stores._fallback import ScriptStore
+from ._permit import Permit
 
 __all__ = ["BreakerStore", "RemoteAdmission"]
 
@@ -230,6 +231,36 @@ class BreakerStore:
         if self.staleness > 0:
             return self.cached(now) or await self.arefresh(now)
         return await self.aacquire(peek=True)
+
+    def _route(self, permit: Permit, outcome: str, now: float) -> str:
+        # A closed call admitted on the near cache is counted for the next batch:
+        # "later", or "refresh" when the batch is due. Anything else: "record" now.
+        admission = permit.admission
+        if not self.staleness or admission.probe:
+            return "record"
+        if outcome != "release" and self.batched(admission.generation, outcome == "fail", now):
+            return "refresh"
+        return "later"
+
+    def report(self, permit: Permit, outcome: str, now: float) -> str | None:
+        """Report a permit's outcome; the state the store answered (None: not asked)."""
+        route = self._route(permit, outcome, now)
+        if route == "refresh":
+            return self.refresh(now).state
+        if route == "record":
+            adm = permit.admission
+            return self.record(adm.generation, adm.probe, permit.lease_id, outcome)[0]
+        return None
+
+    async def areport(self, permit: Permit, outcome: str, now: float) -> str | None:
+        """Async twin of :meth:`report`."""
+        route = self._route(permit, outcome, now)
+        if route == "refresh":
+            return (await self.arefresh(now)).state
+        if route == "record":
+            adm = permit.admission
+            return (await self.arecord(adm.generation, adm.probe, permit.lease_id, outcome))[0]
+        return None
 
     # -- the scripts ---------------------------------------------------------------------
 
