@@ -3,7 +3,7 @@
 # A limiter names a policy (algorithm + name) and asks a store to decide. The
 # store does the arithmetic (MemoryStore in-process, RedisStore in one Lua call),
 # so the sync and async limiters differ only in `await`; everything else -- the
-# request, the outage bookkeeping, the fallback decisions -- is in `_Group` below.
+# request, the outage bookkeeping, the fallback decisions -- is written once below.
 #
 # Hot path. On a MemoryStore (which cannot fail) a single hit skips all of that:
 # the store hands each limiter, at construction, its own `hit(key, cost)` -- the
@@ -12,18 +12,21 @@
 # `decide_one` EVALSHA while the store is healthy; everything else goes through
 # `hit_many`.
 #
-# Store outages. When a store raises StoreError, each limiter answers by its
+# Store outages go through the one outage-aware store call (stores/_fallback.py):
+# every limiter owns a StoreHealth, its own outage record, so `stats` counts what
+# *this* limiter saw (three limiters sharing a store through two outages each
+# count two outages). When a store raises StoreError, each limiter answers by its
 # `on_store_error` mode:
 #   "open"   -> allow (availability first);
 #   "closed" -> deny, retry_after = retry_store_after (protection first);
 #   "local"  -> decide in a process-local MemoryStore with the quota divided by
 #               `instances`, so a fleet of N gateways keeps about the global limit.
-# The first failure of an outage logs one warning on the `stormguard` logger and
-# counts in `stats`; while the store is down, it is tried again at most once per
+# The first failure of an outage logs one warning on the `stormguard` logger; while
+# the store is down, each limiter asks it again at most once per
 # `retry_store_after` seconds (other calls go straight to the fallback, so a dead
-# Redis costs one bounded timeout per interval, not one per request); the first
-# success logs the recovery. Outage state and the local fallback store belong to
-# the store, so every limiter sharing a store sees one outage.
+# Redis costs one bounded timeout per limiter and interval, not one per request);
+# the first success logs the recovery. The local fallback store belongs to the
+# store, so limiters of one name on one store share their local quota too.
 from __future__ import annotations
 
 import logging
@@ -32,7 +35,6 @@ import os
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -47,6 +49,7 @@ from ..core._limiters import (
     default_name,
     outage_decision,
 )
+from ..stores._fallback import OutageStats, StoreHealth, acall_all, call_all
 from ..stores._memory import MemoryStore
 
 __all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
@@ -54,7 +57,6 @@ __all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
 OnStoreError: TypeAlias = Literal["open", "closed", "local"]
 _MODES = ("open", "closed", "local")
 _log = logging.getLogger("stormguard")
-_INF = math.inf
 
 
 class SyncStore(Protocol):
@@ -73,37 +75,19 @@ class AsyncStore(Protocol):
     async def arenew(self, request: LimitRequest) -> bool: ...
 
 
-@dataclass
-class LimiterStats:
-    """Counters of one limiter (the outage metric).
+# What `stats` returns: one limiter's outage counters (outages, store_errors,
+# fallback_decisions, degraded).
+LimiterStats: TypeAlias = OutageStats
 
-    ``store_errors``: store calls that failed. ``fallback_decisions``: hits decided
-    by ``on_store_error`` instead of the store. ``outages``: outages seen begin.
-    """
-
-    store_errors: int = 0
-    fallback_decisions: int = 0
-    outages: int = 0
+_LOCAL: weakref.WeakKeyDictionary[object, MemoryStore] = weakref.WeakKeyDictionary()
 
 
-class _Health:
-    # Outage state of one store, shared by every limiter that uses it.
-    __slots__ = ("down_since", "local", "probe_at")
-
-    def __init__(self, clock: Clock) -> None:
-        self.down_since: float | None = None
-        self.probe_at = 0.0
-        self.local = MemoryStore(clock=clock)
-
-
-_HEALTH: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
-
-
-def _health(store: object, clock: Clock) -> _Health:
-    health = _HEALTH.get(store)
-    if health is None:
-        health = _HEALTH.setdefault(store, _Health(clock))
-    return health
+def _local_store(store: object, clock: Clock) -> MemoryStore:
+    # The "local" fallback state of one store, shared by every limiter on it.
+    local = _LOCAL.get(store)
+    if local is None:
+        local = _LOCAL.setdefault(store, MemoryStore(clock=clock))
+    return local
 
 
 class _LimiterBase:
@@ -111,6 +95,7 @@ class _LimiterBase:
         "_decide_one",
         "_health",
         "_leases",
+        "_local",
         "_memory_hit",
         "algorithm",
         "clock",
@@ -118,7 +103,6 @@ class _LimiterBase:
         "name",
         "on_store_error",
         "retry_store_after",
-        "stats",
         "store",
     )
 
@@ -148,8 +132,12 @@ class _LimiterBase:
         self.instances = instances
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.retry_store_after = float(retry_store_after)
-        self.stats = LimiterStats()
-        self._health = _health(store, self.clock)
+        self._health = StoreHealth(
+            f"rate limiter {self.name!r} on {store!r} (on_store_error={on_store_error})",
+            clock=self.clock,
+            retry_after=self.retry_store_after,
+        )
+        self._local = _local_store(store, self.clock)
         self._leases = isinstance(algorithm, Concurrency)
         # MemoryStore never fails: its hits skip the outage bookkeeping entirely, on
         # the path the store picks for this limiter (see the module notes).
@@ -161,7 +149,15 @@ class _LimiterBase:
     @property
     def store_down(self) -> bool:
         """Whether the store is in an outage (decisions follow ``on_store_error``)."""
-        return self._health.down_since is not None
+        return self._health.degraded
+
+    @property
+    def stats(self) -> LimiterStats:
+        """This limiter's outage counters: ``outages`` (outages it saw begin),
+        ``store_errors`` (its store calls that failed), ``fallback_decisions`` (its
+        hits decided by ``on_store_error``) and ``degraded`` (deciding locally now).
+        """
+        return self._health.stats
 
     def _request(self, key: str, cost: float, lease: str = "") -> LimitRequest:
         if self._leases and not lease:
@@ -175,80 +171,42 @@ class _LimiterBase:
         )
 
 
-class _Group:
-    # One call: the limiters, their requests, and what to do when the store fails.
-    __slots__ = ("health", "limiters", "requests", "store")
+def _group(
+    items: Sequence[tuple[_LimiterBase, str]], cost: float
+) -> tuple[list[_LimiterBase], list[LimitRequest]]:
+    # The limiters of one call and their requests, checked.
+    if not items:
+        raise ConfigError("items", "needs at least one (limiter, key) pair")
+    limiters = [limiter for limiter, _ in items]
+    store = limiters[0].store
+    if any(limiter.store is not store for limiter in limiters):
+        raise ConfigError("items", "every limiter of one call must share one store")
+    if len(items) > 1 and len({(limiter.name, key) for limiter, key in items}) < len(items):
+        # The same state twice could not be decided all or nothing.
+        raise ConfigError("items", "the same (limiter name, key) appears twice")
+    return limiters, [limiter._request(key, cost) for limiter, key in items]
 
-    def __init__(self, items: Sequence[tuple[_LimiterBase, str]], cost: float) -> None:
-        if not items:
-            raise ConfigError("items", "needs at least one (limiter, key) pair")
-        self.limiters = [limiter for limiter, _ in items]
-        self.store = self.limiters[0].store
-        if any(limiter.store is not self.store for limiter in self.limiters):
-            raise ConfigError("items", "every limiter of one call must share one store")
-        if len(items) > 1 and len({(limiter.name, key) for limiter, key in items}) < len(items):
-            # The same state twice could not be decided all or nothing.
-            raise ConfigError("items", "the same (limiter name, key) appears twice")
-        self.health = self.limiters[0]._health
-        self.requests = [limiter._request(key, cost) for limiter, key in items]
 
-    def try_store(self) -> bool:
-        health = self.health
-        if health.down_since is None:
-            return True
-        now = self.limiters[0].clock.monotonic()
-        if now < health.probe_at:
-            return False
-        health.probe_at = now + self.limiters[0].retry_store_after
-        return True
+def _fallback(limiters: Sequence[_LimiterBase], requests: Sequence[LimitRequest]) -> Decision:
+    # The decision of a call the store could not answer: each limit by its mode. A
+    # "closed" limit denies the whole call, so "local" limits then take nothing.
+    modes = [limiter.on_store_error for limiter in limiters]
+    decisions: list[Decision | None] = [None] * len(requests)
+    local = [i for i, mode in enumerate(modes) if mode == "local"]
+    if local and "closed" not in modes:
+        scaled = [_scaled(limiters[i], requests[i]) for i in local]
+        for i, decision in zip(local, limiters[0]._local.decide(scaled)):
+            decisions[i] = decision
+    for i, (limiter, request) in enumerate(zip(limiters, requests)):
+        if decisions[i] is None:
+            closed = limiter.on_store_error == "closed"
+            decisions[i] = outage_decision(request, not closed, limiter.retry_store_after)
+    return combine([d for d in decisions if d is not None])
 
-    def succeeded(self) -> None:
-        health = self.health
-        if health.down_since is not None:
-            lead = self.limiters[0]
-            down_for = lead.clock.monotonic() - health.down_since
-            health.down_since = None
-            _log.warning("limiter store %r is back after %.1fs", self.store, down_for)
 
-    def failed(self, exc: StoreError) -> None:
-        health, lead = self.health, self.limiters[0]
-        for limiter in self.limiters:
-            limiter.stats.store_errors += 1
-        if health.down_since is None:
-            now = lead.clock.monotonic()
-            health.down_since = now
-            health.probe_at = now + lead.retry_store_after
-            for limiter in self.limiters:
-                limiter.stats.outages += 1
-            modes = ", ".join(sorted({limiter.on_store_error for limiter in self.limiters}))
-            _log.warning(
-                "limiter store %r failed (%s); deciding on_store_error=%s until it is back",
-                self.store,
-                exc,
-                modes,
-            )
-
-    def fallback(self) -> Decision:
-        limiters, requests = self.limiters, self.requests
-        for limiter in limiters:
-            limiter.stats.fallback_decisions += 1
-        modes = [limiter.on_store_error for limiter in limiters]
-        decisions: list[Decision | None] = [None] * len(requests)
-        local = [i for i, mode in enumerate(modes) if mode == "local"]
-        if local and "closed" not in modes:
-            scaled = [self._scaled(limiters[i], requests[i]) for i in local]
-            for i, decision in zip(local, self.health.local.decide(scaled)):
-                decisions[i] = decision
-        for i, (limiter, request) in enumerate(zip(limiters, requests)):
-            if decisions[i] is None:
-                closed = limiter.on_store_error == "closed"
-                decisions[i] = outage_decision(request, not closed, limiter.retry_store_after)
-        return combine([d for d in decisions if d is not None])
-
-    @staticmethod
-    def _scaled(limiter: _LimiterBase, request: LimitRequest) -> LimitRequest:
-        algorithm = request.algorithm.scaled(1 / limiter.instances)
-        return LimitRequest(algorithm, request.key, request.name, request.cost, request.lease)
+def _scaled(limiter: _LimiterBase, request: LimitRequest) -> LimitRequest:
+    algorithm = request.algorithm.scaled(1 / limiter.instances)
+    return LimitRequest(algorithm, request.key, request.name, request.cost, request.lease)
 
 
 def _lease_of(lease: str | Decision) -> str:
@@ -299,16 +257,15 @@ class RateLimiter(_LimiterBase):
         if memory_hit is not None:
             return memory_hit(key, cost)
         decide_one = self._decide_one
-        if decide_one is not None and 0 <= cost < _INF and self._health.down_since is None:
-            lease = os.urandom(9).hex() if self._leases else ""
-            try:
-                decision: Decision = decide_one(self.algorithm, self.name, key, float(cost), lease)
-            except StoreError as exc:
-                group = _Group(((self, key),), cost)
-                group.failed(exc)
-                return group.fallback()
-            return decision
-        return RateLimiter.hit_many(((self, key),), cost)
+        if decide_one is None:
+            return RateLimiter.hit_many(((self, key),), cost)
+        # A sync Redis store's single-limit path: one EVALSHA.
+        request = self._request(key, cost)
+        decision: Decision = self._health.call(
+            lambda: decide_one(self.algorithm, self.name, key, request.cost, request.lease),
+            lambda: _fallback((self,), (request,)),
+        )
+        return decision
 
     @staticmethod
     def hit_many(items: Sequence[tuple[RateLimiter, str]], cost: float = 1.0) -> Decision:
@@ -320,17 +277,13 @@ class RateLimiter(_LimiterBase):
         if every limit allowed; ``parts`` holds each limit's decision and
         ``headers()`` renders all of them.
         """
-        group = _Group(items, cost)
-        store: SyncStore = group.store  # type: ignore[assignment]
-        if group.try_store():
-            try:
-                decisions = store.decide(group.requests)
-            except StoreError as exc:
-                group.failed(exc)
-            else:
-                group.succeeded()
-                return combine(decisions)
-        return group.fallback()
+        limiters, requests = _group(items, cost)
+        store: SyncStore = limiters[0].store  # type: ignore[assignment]
+        return call_all(
+            [limiter._health for limiter in limiters],
+            lambda: combine(store.decide(requests)),
+            lambda: _fallback(limiters, requests),
+        )
 
     def release(self, key: str, lease: str | Decision) -> None:
         """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
@@ -340,8 +293,8 @@ class RateLimiter(_LimiterBase):
             store.release(request)
         except StoreError:
             _log.debug("release of %r on %r failed; the lease will expire", key, self.store)
-        if self._health.down_since is not None or self.on_store_error == "local":
-            self._health.local.release(request)
+        if self._health.degraded or self.on_store_error == "local":
+            self._local.release(request)
 
     def renew(self, key: str, lease: str | Decision) -> bool:
         """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
@@ -350,7 +303,7 @@ class RateLimiter(_LimiterBase):
         try:
             return store.renew(request)
         except StoreError:
-            return self._health.local.renew(request)
+            return self._local.renew(request)
 
     @contextmanager
     def lease(self, key: str, cost: float = 1.0) -> Iterator[Decision]:
@@ -405,17 +358,15 @@ class AsyncRateLimiter(_LimiterBase):
         items: Sequence[tuple[AsyncRateLimiter, str]], cost: float = 1.0
     ) -> Decision:
         """Decide several limits for one request, all or nothing, in one store call."""
-        group = _Group(items, cost)
-        store: AsyncStore = group.store  # type: ignore[assignment]
-        if group.try_store():
-            try:
-                decisions = await store.adecide(group.requests)
-            except StoreError as exc:
-                group.failed(exc)
-            else:
-                group.succeeded()
-                return combine(decisions)
-        return group.fallback()
+        limiters, requests = _group(items, cost)
+        store: AsyncStore = limiters[0].store  # type: ignore[assignment]
+
+        async def ask() -> Decision:
+            return combine(await store.adecide(requests))
+
+        return await acall_all(
+            [limiter._health for limiter in limiters], ask, lambda: _fallback(limiters, requests)
+        )
 
     async def release(self, key: str, lease: str | Decision) -> None:
         """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
@@ -425,8 +376,8 @@ class AsyncRateLimiter(_LimiterBase):
             await store.arelease(request)
         except StoreError:
             _log.debug("release of %r on %r failed; the lease will expire", key, self.store)
-        if self._health.down_since is not None or self.on_store_error == "local":
-            self._health.local.release(request)
+        if self._health.degraded or self.on_store_error == "local":
+            self._local.release(request)
 
     async def renew(self, key: str, lease: str | Decision) -> bool:
         """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
@@ -435,7 +386,7 @@ class AsyncRateLimiter(_LimiterBase):
         try:
             return await store.arenew(request)
         except StoreError:
-            return self._health.local.renew(request)
+            return self._local.renew(request)
 
     @asynccontextmanager
     async def lease(self, key: str, cost: float = 1.0) -> AsyncIterator[Decision]:
