@@ -35,7 +35,7 @@ import os
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Literal, Protocol, TypeAlias
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, RateLimited, StoreError
@@ -90,7 +90,16 @@ def _local_store(store: object, clock: Clock) -> MemoryStore:
     return local
 
 
-class _LimiterBase:
+S = TypeVar("S", "SyncStore", "AsyncStore")
+
+
+class _LimiterBase(Generic[S]):
+    # Everything but the sync/async calls; RateLimiter and AsyncRateLimiter only say
+    # which store method they call (`_decides`) and which twin fits the other kind.
+    _decides: ClassVar[str]
+    _kind: ClassVar[str]
+    _twin: ClassVar[str]
+
     __slots__ = (
         "_decide_one",
         "_health",
@@ -109,14 +118,18 @@ class _LimiterBase:
     def __init__(
         self,
         algorithm: Algorithm,
-        store: object,
+        store: S | None = None,
         *,
-        name: str | None,
-        on_store_error: OnStoreError,
-        instances: int | None,
-        clock: Clock | None,
-        retry_store_after: float,
+        name: str | None = None,
+        on_store_error: OnStoreError = "open",
+        instances: int | None = None,
+        clock: Clock | None = None,
+        retry_store_after: float = 1.0,
     ) -> None:
+        if store is None:
+            store = MemoryStore(clock=clock)  # both kinds
+        if not callable(getattr(store, self._decides, None)):
+            raise ConfigError("store", f"{store!r} is not {self._kind} store (use {self._twin})")
         if on_store_error not in _MODES:
             raise ConfigError("on_store_error", f"must be one of {_MODES}, got {on_store_error!r}")
         if instances is None:
@@ -126,7 +139,7 @@ class _LimiterBase:
         if not 0 < retry_store_after < math.inf:
             raise ConfigError("retry_store_after", f"must be > 0, got {retry_store_after!r}")
         self.algorithm = algorithm
-        self.store = store
+        self.store: S = store  # not None: see above
         self.name = name or default_name(algorithm)
         self.on_store_error: OnStoreError = on_store_error
         self.instances = instances
@@ -172,8 +185,8 @@ class _LimiterBase:
 
 
 def _group(
-    items: Sequence[tuple[_LimiterBase, str]], cost: float
-) -> tuple[list[_LimiterBase], list[LimitRequest]]:
+    items: Sequence[tuple[_LimiterBase[Any], str]], cost: float
+) -> tuple[list[_LimiterBase[Any]], list[LimitRequest]]:
     # The limiters of one call and their requests, checked.
     if not items:
         raise ConfigError("items", "needs at least one (limiter, key) pair")
@@ -187,7 +200,7 @@ def _group(
     return limiters, [limiter._request(key, cost) for limiter, key in items]
 
 
-def _fallback(limiters: Sequence[_LimiterBase], requests: Sequence[LimitRequest]) -> Decision:
+def _fallback(limiters: Sequence[_LimiterBase[Any]], requests: Sequence[LimitRequest]) -> Decision:
     # The decision of a call the store could not answer: each limit by its mode. A
     # "closed" limit denies the whole call, so "local" limits then take nothing.
     modes = [limiter.on_store_error for limiter in limiters]
@@ -204,7 +217,7 @@ def _fallback(limiters: Sequence[_LimiterBase], requests: Sequence[LimitRequest]
     return combine([d for d in decisions if d is not None])
 
 
-def _scaled(limiter: _LimiterBase, request: LimitRequest) -> LimitRequest:
+def _scaled(limiter: _LimiterBase[Any], request: LimitRequest) -> LimitRequest:
     algorithm = request.algorithm.scaled(1 / limiter.instances)
     return LimitRequest(algorithm, request.key, request.name, request.cost, request.lease)
 
@@ -216,7 +229,7 @@ def _lease_of(lease: str | Decision) -> str:
     return token
 
 
-class RateLimiter(_LimiterBase):
+class RateLimiter(_LimiterBase["SyncStore"]):
     """Decide hits against ``algorithm`` with state in ``store`` (default: a MemoryStore).
 
     ``hit(key, cost=1)`` returns a :class:`Decision`. ``name`` is the policy name in
@@ -227,29 +240,7 @@ class RateLimiter(_LimiterBase):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        algorithm: Algorithm,
-        store: SyncStore | None = None,
-        *,
-        name: str | None = None,
-        on_store_error: OnStoreError = "open",
-        instances: int | None = None,
-        clock: Clock | None = None,
-        retry_store_after: float = 1.0,
-    ) -> None:
-        super().__init__(
-            algorithm,
-            store if store is not None else MemoryStore(clock=clock),
-            name=name,
-            on_store_error=on_store_error,
-            instances=instances,
-            clock=clock,
-            retry_store_after=retry_store_after,
-        )
-        if not callable(getattr(self.store, "decide", None)):
-            raise ConfigError("store", f"{self.store!r} is not a sync store (use AsyncRateLimiter)")
+    _decides, _kind, _twin = "decide", "a sync", "AsyncRateLimiter"
 
     def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
@@ -278,7 +269,7 @@ class RateLimiter(_LimiterBase):
         ``headers()`` renders all of them.
         """
         limiters, requests = _group(items, cost)
-        store: SyncStore = limiters[0].store  # type: ignore[assignment]
+        store: SyncStore = limiters[0].store
         return call_all(
             [limiter._health for limiter in limiters],
             lambda: combine(store.decide(requests)),
@@ -288,7 +279,7 @@ class RateLimiter(_LimiterBase):
     def release(self, key: str, lease: str | Decision) -> None:
         """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: SyncStore = self.store  # type: ignore[assignment]
+        store: SyncStore = self.store
         try:
             store.release(request)
         except StoreError:
@@ -299,7 +290,7 @@ class RateLimiter(_LimiterBase):
     def renew(self, key: str, lease: str | Decision) -> bool:
         """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: SyncStore = self.store  # type: ignore[assignment]
+        store: SyncStore = self.store
         try:
             return store.renew(request)
         except StoreError:
@@ -318,33 +309,11 @@ class RateLimiter(_LimiterBase):
                 self.release(key, decision)
 
 
-class AsyncRateLimiter(_LimiterBase):
+class AsyncRateLimiter(_LimiterBase["AsyncStore"]):
     """The asyncio twin of :class:`RateLimiter` (``await limiter.hit(key)``)."""
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        algorithm: Algorithm,
-        store: AsyncStore | None = None,
-        *,
-        name: str | None = None,
-        on_store_error: OnStoreError = "open",
-        instances: int | None = None,
-        clock: Clock | None = None,
-        retry_store_after: float = 1.0,
-    ) -> None:
-        super().__init__(
-            algorithm,
-            store if store is not None else MemoryStore(clock=clock),
-            name=name,
-            on_store_error=on_store_error,
-            instances=instances,
-            clock=clock,
-            retry_store_after=retry_store_after,
-        )
-        if not callable(getattr(self.store, "adecide", None)):
-            raise ConfigError("store", f"{self.store!r} is not an async store (use RateLimiter)")
+    _decides, _kind, _twin = "adecide", "an async", "RateLimiter"
 
     async def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
@@ -359,7 +328,7 @@ class AsyncRateLimiter(_LimiterBase):
     ) -> Decision:
         """Decide several limits for one request, all or nothing, in one store call."""
         limiters, requests = _group(items, cost)
-        store: AsyncStore = limiters[0].store  # type: ignore[assignment]
+        store: AsyncStore = limiters[0].store
 
         async def ask() -> Decision:
             return combine(await store.adecide(requests))
@@ -371,7 +340,7 @@ class AsyncRateLimiter(_LimiterBase):
     async def release(self, key: str, lease: str | Decision) -> None:
         """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: AsyncStore = self.store  # type: ignore[assignment]
+        store: AsyncStore = self.store
         try:
             await store.arelease(request)
         except StoreError:
@@ -382,7 +351,7 @@ class AsyncRateLimiter(_LimiterBase):
     async def renew(self, key: str, lease: str | Decision) -> bool:
         """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: AsyncStore = self.store  # type: ignore[assignment]
+        store: AsyncStore = self.store
         try:
             return await store.arenew(request)
         except StoreError:
