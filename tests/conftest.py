@@ -36,11 +36,11 @@ T = TypeVar("T")
 @pytest.fixture(autouse=True)
 def _fresh_process_guards() -> Iterator[None]:
     """Each test starts with no process-wide per-origin breakers, budgets or cooldowns."""
-    from stormguard.protection import _origin
+    from stormguard.protection import reset_process_guards
 
-    _origin._PROCESS_GUARDS = None
+    reset_process_guards()
     yield
-    _origin._PROCESS_GUARDS = None
+    reset_process_guards()
 
 
 @pytest.fixture

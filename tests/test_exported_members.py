@@ -51,6 +51,7 @@ PROMISED = {
         "Pacer",
         "Permit",
         "RetryBudget",
+        "reset_process_guards",
     ],
     "stormguard.limiting": ["AsyncRateLimiter", "LimiterStats", "RateLimiter"],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],

@@ -163,3 +163,26 @@ def test_invalid_staleness_is_a_config_error(staleness: Any) -> None:
     """staleness must be a finite number of seconds >= 0."""
     with pytest.raises(ConfigError, match="staleness"):
         CircuitBreaker(staleness=staleness)
+
+
+def test_threads_share_one_refresh(counted: Counted, clock: FakeClock) -> None:
+    """50 threads finding the cache stale together make one round trip between them."""
+    import threading
+
+    breaker = shared(counted.store, clock)
+    breaker.call(lambda: None)
+    clock.advance(0.2)
+    before = len(counted.calls)
+    start = threading.Barrier(50)
+
+    def caller() -> None:
+        start.wait()
+        for _ in range(20):
+            breaker.call(lambda: None)
+
+    threads = [threading.Thread(target=caller) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(counted.calls) - before == 1

@@ -549,6 +549,17 @@ class CircuitBreaker:
     def _local_remaining(self) -> float:
         return self._locally(self._core.remaining)
 
+    @property
+    def last_state(self) -> BreakerState:
+        """The state as this object last knew it, without asking a store.
+
+        Its own core's state when it is not shared (or its store is down); else
+        the state the store last answered.
+        """
+        if self._store is None or self._health.degraded:
+            return self.local_state()
+        return self._last_state
+
     def local_state(self) -> BreakerState:
         """The state of this process's own core (what it decides by when degraded)."""
         return self._locally(self._core.state)

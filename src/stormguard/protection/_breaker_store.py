@@ -67,6 +67,7 @@ class BreakerStore:
         "_batch",
         "_cache",
         "_lock",
+        "_refreshing",
         "_static",
         "_ttl",
         "keys",
@@ -103,6 +104,7 @@ class BreakerStore:
         self._ttl = repr(2.0 * (config.window + config.open_for_max + config.probe_lease))
         self.staleness = min(staleness, 0.5 * config.open_for * (1.0 - config.jitter))
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
         # (read at, closed admission or None, open until, generation, state): one
         # tuple replaced at once, so a lock-free reader sees one consistent reading.
         self._cache: tuple[float, RemoteAdmission | None, float, int, str] = (
@@ -192,10 +194,16 @@ class BreakerStore:
         """Admit one call: from a fresh cache, else from the store."""
         self.shared.check_sync()
         if self.staleness > 0:
-            answer = self.cached(now) or self.refresh(now)
+            answer = self.cached(now) or self._refresh_once(now)
             if answer.state != "half_open":
                 return answer
         return self.acquire()
+
+    def _refresh_once(self, now: float) -> RemoteAdmission:
+        # Threads finding the cache stale together make one round trip, not one
+        # each: the first refreshes, the others wait for it and read its answer.
+        with self._refreshing:
+            return self.cached(now) or self.refresh(now)
 
     async def aadmit(self, now: float) -> RemoteAdmission:
         """Async twin of :meth:`admit`."""

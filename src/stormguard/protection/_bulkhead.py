@@ -94,6 +94,11 @@ class Bulkhead:
         """Calls holding a slot now."""
         return self._in_flight
 
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a slot now."""
+        return len(self._waiters)
+
     def _try_take(self) -> bool:
         # Under the lock. Waiters first: a newcomer never overtakes the queue.
         if self._in_flight < self.limit and not self._waiters:

@@ -159,31 +159,11 @@ class StoreHealth:
 
     def call(self, ask: Callable[[], T], local: Callable[[], T]) -> T:
         """``ask()`` the store, or answer with ``local()`` while it is unreachable."""
-        if not self.degraded or self.usable():
-            try:
-                answer = ask()
-            except StoreError as exc:
-                self.failed(exc)
-            else:
-                if self.degraded:
-                    self.succeeded()
-                return answer
-        self.fell_back()
-        return local()
+        return call_all((self,), ask, local)
 
     async def acall(self, ask: Callable[[], Awaitable[T]], local: Callable[[], T]) -> T:
         """Async twin of :meth:`call` (``ask`` returns an awaitable)."""
-        if not self.degraded or self.usable():
-            try:
-                answer = await ask()
-            except StoreError as exc:
-                self.failed(exc)
-            else:
-                if self.degraded:
-                    self.succeeded()
-                return answer
-        self.fell_back()
-        return local()
+        return await acall_all((self,), ask, local)
 
     def require(self, ask: Callable[[], T]) -> T:
         """``ask()`` the store even while degraded; a StoreError is counted and raised.
@@ -211,43 +191,49 @@ class StoreHealth:
 
 
 def _try_all(healths: Sequence[StoreHealth]) -> bool:
-    return all(health.usable() for health in healths)
+    # Healthy (one attribute each, no lock), or every record's turn to probe.
+    return all(not health.degraded for health in healths) or all(
+        health.usable() for health in healths
+    )
+
+
+def _answered(healths: Sequence[StoreHealth], answer: T) -> T:
+    for health in healths:
+        if health.degraded:
+            health.succeeded()
+    return answer
+
+
+def _fall_back(healths: Sequence[StoreHealth], exc: StoreError | None, local: Callable[[], T]) -> T:
+    for health in healths:
+        if exc is not None:
+            health.failed(exc)
+        health.fell_back()
+    return local()
 
 
 def call_all(healths: Sequence[StoreHealth], ask: Callable[[], T], local: Callable[[], T]) -> T:
     """:meth:`StoreHealth.call` for one store call made on behalf of several objects."""
-    if _try_all(healths):
-        try:
-            answer = ask()
-        except StoreError as exc:
-            for health in healths:
-                health.failed(exc)
-        else:
-            for health in healths:
-                health.succeeded()
-            return answer
-    for health in healths:
-        health.fell_back()
-    return local()
+    if not _try_all(healths):
+        return _fall_back(healths, None, local)
+    try:
+        answer = ask()
+    except StoreError as exc:
+        return _fall_back(healths, exc, local)
+    return _answered(healths, answer)
 
 
 async def acall_all(
     healths: Sequence[StoreHealth], ask: Callable[[], Awaitable[T]], local: Callable[[], T]
 ) -> T:
     """Async twin of :func:`call_all`."""
-    if _try_all(healths):
-        try:
-            answer = await ask()
-        except StoreError as exc:
-            for health in healths:
-                health.failed(exc)
-        else:
-            for health in healths:
-                health.succeeded()
-            return answer
-    for health in healths:
-        health.fell_back()
-    return local()
+    if not _try_all(healths):
+        return _fall_back(healths, None, local)
+    try:
+        answer = await ask()
+    except StoreError as exc:
+        return _fall_back(healths, exc, local)
+    return _answered(healths, answer)
 
 
 class ScriptStore:

@@ -7,6 +7,7 @@ import asyncio
 import threading
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,7 +111,7 @@ def test_ring_window_ages_out_and_counts() -> None:
     assert (ring.a_total, ring.b_total) == (0, 0)
 
 
-def test_bulkhead_waits_on_the_injected_clock(clock: FakeClock) -> None:
+def test_bulkhead_waits_on_the_injected_clock(clock: FakeClock, eventually: Any) -> None:
     """A waiter gives up when the injected clock passes its max_wait; waited is on that clock."""
     bulkhead = Bulkhead(1, max_wait=5.0, clock=clock)
     bulkhead.acquire()
@@ -124,8 +125,8 @@ def test_bulkhead_waits_on_the_injected_clock(clock: FakeClock) -> None:
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    thread.join(0.05)
-    assert thread.is_alive()  # the real clock alone never ends the wait
+    eventually(lambda: bulkhead.waiting == 1)
+    assert thread.is_alive() and not outcome
     clock.advance(6.0)
     thread.join(10.0)
     assert len(outcome) == 1 and isinstance(outcome[0], BulkheadFull)
@@ -138,8 +139,8 @@ async def test_async_bulkhead_waits_on_the_injected_clock(clock: FakeClock) -> N
     bulkhead = Bulkhead(1, max_wait=2.0, clock=clock)
     await bulkhead.aacquire()
     task = asyncio.ensure_future(bulkhead.aacquire())
-    await asyncio.sleep(0.03)
-    assert not task.done()
+    await asyncio.sleep(0)  # the task runs until it waits for a slot
+    assert bulkhead.waiting == 1 and not task.done()
     clock.advance(3.0)
     with pytest.raises(BulkheadFull) as info:
         await asyncio.wait_for(task, 10.0)

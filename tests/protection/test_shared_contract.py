@@ -26,6 +26,12 @@ def boom() -> None:
     raise Boom
 
 
+def trip(b: CircuitBreaker) -> None:
+    """One failing call through ``b``."""
+    with pytest.raises(Boom):
+        b.call(boom)
+
+
 def breaker(store: Any, clock: FakeClock, **kwargs: Any) -> CircuitBreaker:
     settings: dict[str, Any] = {
         "name": "payments",
@@ -50,8 +56,7 @@ def test_breaker_trip_is_seen_by_every_instance(
     """A trip through one breaker object refuses calls through another with the same name."""
     first, second = breaker(shared_store(), clock), breaker(shared_store(), clock)
     assert second.state == "closed"
-    with pytest.raises(Boom):
-        first.call(boom)
+    trip(first)
     assert second.state == "open"
     with pytest.raises(CircuitOpen) as info:
         second.call(lambda: None)
@@ -64,8 +69,7 @@ def test_breaker_names_are_independent(shared_store: StoreFactory, clock: FakeCl
     """Breakers with different names on one store do not share state."""
     a = breaker(shared_store(), clock, name="a")
     b = breaker(shared_store(), clock, name="b")
-    with pytest.raises(Boom):
-        a.call(boom)
+    trip(a)
     assert (a.state, b.state) == ("open", "closed")
 
 
@@ -78,8 +82,7 @@ def test_breaker_rate_and_min_calls(
     b.call(lambda: None)
     b.call(lambda: None)
     for _ in range(failures):
-        with pytest.raises(Boom):
-            b.call(boom)
+        trip(b)
     if failures == 1:
         assert b.state == "closed"  # 3 calls < min_calls
         b.call(lambda: None)  # 1 of 4 < 50 %
@@ -91,16 +94,13 @@ def test_breaker_time_window_forgets_old_failures(
 ) -> None:
     """Failures older than the window do not count towards a trip."""
     b = breaker(shared_store(), clock, min_calls=2, window=10.0, buckets=10)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     clock.advance(11.0)
     b.call(lambda: None)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     assert b.state == "open"  # 1 of 2 in the window; with the old one it would be 2 of 3
     c = breaker(shared_store(), clock, name="c", min_calls=3, window=10.0)
-    with pytest.raises(Boom):
-        c.call(boom)
+    trip(c)
     clock.advance(11.0)
     c.call(lambda: None)
     c.call(lambda: None)
@@ -110,15 +110,12 @@ def test_breaker_time_window_forgets_old_failures(
 def test_breaker_count_window(shared_store: StoreFactory, clock: FakeClock) -> None:
     """A count window judges only the last `window` outcomes."""
     b = breaker(shared_store(), clock, window_kind="count", window=4, min_calls=4)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     for _ in range(4):
         b.call(lambda: None)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     assert b.state == "closed"
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     assert b.state == "open"
 
 
@@ -127,8 +124,7 @@ def test_breaker_half_open_probe_closes_for_everyone(
 ) -> None:
     """After open_for one probe is admitted (others refused); its success closes the circuit."""
     first, second = breaker(shared_store(), clock), breaker(shared_store(), clock)
-    with pytest.raises(Boom):
-        first.call(boom)
+    trip(first)
     clock.advance(10.0)
     probe = first.acquire()
     assert probe.probe
@@ -144,11 +140,9 @@ def test_breaker_failed_probe_reopens_for_twice_as_long(
 ) -> None:
     """A failed probe re-opens the circuit for open_for * 2."""
     b = breaker(shared_store(), clock)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     clock.advance(10.0)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     assert b.state == "open"
     assert b.open_remaining() == pytest.approx(20.0)
 
@@ -157,8 +151,7 @@ def test_breaker_two_probes_must_both_succeed(shared_store: StoreFactory, clock:
     """With half_open_probes=2 exactly two probes run, and both must succeed to close."""
     first = breaker(shared_store(), clock, half_open_probes=2)
     second = breaker(shared_store(), clock, half_open_probes=2)
-    with pytest.raises(Boom):
-        first.call(boom)
+    trip(first)
     clock.advance(10.0)
     p1, p2 = first.acquire(), second.acquire()
     assert p1.probe and p2.probe
@@ -173,8 +166,7 @@ def test_breaker_two_probes_must_both_succeed(shared_store: StoreFactory, clock:
 def test_breaker_hung_probe_lease_expires(shared_store: StoreFactory, clock: FakeClock) -> None:
     """A probe that never reports counts as failed when its lease ends; its late result is stale."""
     b = breaker(shared_store(), clock, probe_lease=5.0)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     clock.advance(10.0)
     hung = b.acquire()
     assert hung.probe
@@ -192,8 +184,7 @@ def test_breaker_released_probe_frees_its_slot(
 ) -> None:
     """A cancelled probe gives its slot to the next caller without an outcome."""
     b = breaker(shared_store(), clock)
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     clock.advance(10.0)
     b.acquire().release()
     probe = b.acquire()
@@ -208,8 +199,7 @@ def test_breaker_late_result_of_older_generation_ignored(
     """A call admitted while closed that fails after the trip changes nothing."""
     b = breaker(shared_store(), clock)
     slow = b.acquire()
-    with pytest.raises(Boom):
-        b.call(boom)
+    trip(b)
     clock.advance(10.0)
     probe = b.acquire()
     slow.record(failure=True)
