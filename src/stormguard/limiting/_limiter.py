@@ -266,7 +266,9 @@ class RateLimiter(_LimiterBase["SyncStore"]):
         client, per route and global; each (limiter name, key) at most once. A
         denial by one consumes nothing from the others. The result is allowed only
         if every limit allowed; ``parts`` holds each limit's decision and
-        ``headers()`` renders all of them.
+        ``headers()`` renders all of them. One round trip on Redis; on a Redis
+        Cluster, one per hash slot when the keys differ (per client + global), still
+        all or nothing.
         """
         limiters, requests = _group(items, cost)
         store: SyncStore = limiters[0].store
