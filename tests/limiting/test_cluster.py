@@ -180,3 +180,27 @@ def test_unreachable_cluster_follows_on_store_error() -> None:
     assert not limiter.hit("k").allowed
     assert limiter.stats.store_errors == 1
     store.close()
+
+
+def test_cluster_store_repr_hides_the_password() -> None:
+    """A cluster URL's password never shows in the store's repr (outage log lines)."""
+    store = RedisStore("redis+cluster://user:s3cret@127.0.0.1:1")
+    assert "s3cret" not in repr(store)
+    assert "redis+cluster://" in repr(store)
+    store.close()
+
+
+def test_store_accepts_a_plain_redis_client(redis_url: str, key_prefix: str) -> None:
+    """A ready redis.Redis works as the store's client (not a cluster); close() keeps it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with RedisStore(client, prefix=key_prefix) as store:
+            assert not store.cluster
+            limiter = RateLimiter(FixedWindow(1, LONG), store, on_store_error="closed")
+            assert [limiter.hit("k").allowed for _ in range(2)] == [True, False]
+        assert client.ping()
+        asyncio.run(drop_keys(client, key_prefix))
+    finally:
+        client.close()
