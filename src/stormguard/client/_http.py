@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..core._body_hints import MAX_BODY, wait_hint_from_body
-from ..core._headers import server_should_retry, table_status, wait_hint
+from ..core._headers import response_signals
 from ..core._outcome import (
     NOT_PROCESSED_STATUSES,
     Failure,
@@ -96,10 +96,7 @@ def response_failure(
     """
     if status < 400:
         return None
-    if not isinstance(headers, list | tuple):
-        headers = list(headers)  # read several times below
-    effective = table_status(status, headers, now=wall_now)
-    verdict_of_server = server_should_retry(headers)
+    effective, verdict_of_server, hint = response_signals(status, headers, now=wall_now)
     if (
         effective not in policy.retry_statuses
         and verdict_of_server is not True
@@ -109,7 +106,6 @@ def response_failure(
     verdict = classify_status(
         effective, method, has_idempotency_key=has_key, retry_statuses=policy.retry_statuses
     )
-    hint = wait_hint(status, headers, now=wall_now)
     if hint is None and body:
         hint = wait_hint_from_body(body, content_type)
     refused = effective in NOT_PROCESSED_STATUSES  # the server did not process it

@@ -264,7 +264,8 @@ def decide(
     if hint is not None and hint > 0:
         if hint > policy.max_wait_s or hint >= remaining:
             return GiveUp(GiveUpReason.HINT_TOO_LONG, hint)
-        return Retry(hint, hint_used=True)
+        spread = min(_HINT_JITTER_CAP, _HINT_JITTER_RATIO * hint, (remaining - hint) / 2.0)
+        return Retry(hint + rng.uniform(0.0, spread), hint_used=True)
     wait = policy.backoff.delay(state.attempts, rng, state.previous_wait)
     if wait >= remaining:
         return GiveUp(GiveUpReason.DEADLINE)
