@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -124,31 +125,23 @@ class RedisServer:
         self.process = _spawn_redis(self.port, self.workdir)
 
 
-def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise FileNotFoundError("redis-server")
-    proc = subprocess.Popen(
+def _redis_process(exe: str, port: int, workdir: str, *extra: str) -> subprocess.Popen[bytes]:
+    """A loopback redis-server without persistence, in the foreground."""
+    return subprocess.Popen(
         [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
+            *(exe, "--port", str(port), "--bind", "127.0.0.1", *extra, "--save", ""),
+            *("--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise FileNotFoundError("redis-server")
+    proc = _redis_process(exe, port, workdir)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if _ping("127.0.0.1", port):
@@ -164,35 +157,56 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"no Redis: {reason}")
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """The shared Redis server: REDIS_URL, else one started for the session."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        from urllib.parse import urlparse
+def _from_env(variable: str) -> tuple[str, str, int] | None:
+    """``(url, host, port)`` of the server named by an environment variable, if set."""
+    url = os.environ.get(variable)
+    if not url:
+        return None
+    from urllib.parse import urlparse
 
-        parsed = urlparse(url)
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
-        if not _ping(host, port, timeout=2):
-            _unavailable(f"REDIS_URL={url} does not answer PING")
-        yield RedisServer(url=url, host=host, port=port)
-        return
-    server = _owned_redis_or_skip()
+    parsed = urlparse(url)
+    return url, parsed.hostname or "127.0.0.1", parsed.port or 6379
+
+
+Owned = TypeVar("Owned", "RedisServer", "RedisCluster")
+
+
+@contextmanager
+def _owned(start: Callable[[], Owned], what: str) -> Iterator[Owned]:
+    """A server this session starts (skip, or fail, when it cannot) and discards after."""
+    try:
+        server = start()
+    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as exc:
+        _unavailable(f"could not start {what} ({exc})")
+        raise  # unreachable: _unavailable raises
     try:
         yield server
     finally:
         server.discard()
 
 
-def _owned_redis_or_skip() -> RedisServer:
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The shared Redis server: REDIS_URL, else one started for the session."""
+    env = _from_env("REDIS_URL")
+    if env:
+        url, host, port = env
+        if not _ping(host, port, timeout=2):
+            _unavailable(f"REDIS_URL={url} does not answer PING")
+        yield RedisServer(url=url, host=host, port=port)
+        return
+    with _owned(_start_redis, "redis-server") as server:
+        yield server
+
+
+def _start_redis() -> RedisServer:
     port = _free_port()
     workdir = tempfile.mkdtemp(prefix="stormguard-redis-")
     try:
         proc = _spawn_redis(port, workdir)
-    except (FileNotFoundError, RuntimeError) as exc:
+    except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
-        _unavailable(f"could not start redis-server ({exc})")
-        raise  # unreachable: _unavailable raises
+        raise
     return RedisServer(
         url=f"redis://127.0.0.1:{port}/0",
         host="127.0.0.1",
@@ -205,11 +219,8 @@ def _owned_redis_or_skip() -> RedisServer:
 @pytest.fixture
 def owned_redis() -> Iterator[RedisServer]:
     """A private redis-server that the test may stop and restart (outage tests)."""
-    server = _owned_redis_or_skip()
-    try:
+    with _owned(_start_redis, "redis-server") as server:
         yield server
-    finally:
-        server.discard()
 
 
 @pytest.fixture
@@ -314,32 +325,12 @@ def _start_cluster() -> RedisCluster:
             os.mkdir(node_dir)
             assert cluster.processes is not None
             cluster.processes.append(
-                subprocess.Popen(
-                    [
-                        server,
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "5000",
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        "--dir",
-                        node_dir,
-                        "--daemonize",
-                        "no",
-                        "--loglevel",
-                        "warning",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                _redis_process(
+                    server,
+                    port,
+                    node_dir,
+                    *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                    *("--cluster-node-timeout", "5000"),
                 )
             )
         cluster.nodes = [("127.0.0.1", port) for port in ports]
@@ -372,25 +363,15 @@ def _start_cluster() -> RedisCluster:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisCluster]:
     """A three-node Redis Cluster: REDIS_CLUSTER_URL, else one started for the session."""
-    url = os.environ.get("REDIS_CLUSTER_URL")
-    if url:
-        from urllib.parse import urlparse
-
-        parsed = urlparse(url)
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+    env = _from_env("REDIS_CLUSTER_URL")
+    if env:
+        url, host, port = env
         if "cluster_state:ok" not in _cluster_info(port):
             _unavailable(f"REDIS_CLUSTER_URL={url} is not a healthy cluster")
         yield RedisCluster(url=url, nodes=[(host, port)])
         return
-    try:
-        cluster = _start_cluster()
-    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as exc:
-        _unavailable(f"could not start a Redis Cluster ({exc})")
-        raise  # unreachable: _unavailable raises
-    try:
+    with _owned(_start_cluster, "a Redis Cluster") as cluster:
         yield cluster
-    finally:
-        cluster.discard()
 
 
 @pytest.fixture

@@ -265,3 +265,49 @@ def test_the_sync_driver_never_awaits() -> None:
     with pytest.raises(TypeError, match="sync form"):
         work()
     assert not asyncio.iscoroutinefunction(work)
+
+
+class RecordingBreaker:
+    """A breaker stand-in whose permits say how they ended."""
+
+    def __init__(self) -> None:
+        self.ends: list[str] = []
+
+    def acquire(self) -> Any:
+        """A permit reporting to this breaker."""
+        ends = self.ends
+
+        class Permit:
+            def record(self, *, failure: bool) -> None:
+                ends.append("failure" if failure else "success")
+
+            def release(self) -> None:
+                ends.append("released")
+
+        return Permit()
+
+
+def test_a_permit_is_given_back_when_the_attempt_is_interrupted() -> None:
+    """An attempt that raises past the front end (KeyboardInterrupt) releases its permit."""
+    breaker = RecordingBreaker()
+
+    @stormguard.retry(breaker=breaker, clock=FakeClock())
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+    assert breaker.ends == ["released"]
+
+
+def test_an_exception_not_ours_reports_a_success_to_the_breaker() -> None:
+    """An exception not matched by `on` propagates, and the breaker hears no failure."""
+    breaker = RecordingBreaker()
+
+    @stormguard.retry(on=OSError, breaker=breaker, clock=FakeClock())
+    def buggy() -> None:
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        buggy()
+    assert breaker.ends == ["success"]

@@ -35,7 +35,9 @@ async def make_limiter(request: pytest.FixtureRequest, key_prefix: str) -> Async
         fixture = "redis_url" if kind.startswith("redis") else "redis_cluster_url"
         url = request.getfixturevalue(fixture)
         cls = AsyncRedisStore if kind.endswith("async") else RedisStore
-        store = cls(url, prefix=key_prefix)
+        # Generous timeouts: these tests check decisions, and a loaded CI host must
+        # not turn a slow reply into an on_store_error answer.
+        store = cls(url, prefix=key_prefix, socket_timeout=5, connect_timeout=5)
 
     def factory(algorithm: Any, **kwargs: Any) -> Harness:
         cls = AsyncRateLimiter if kind.endswith("async") else RateLimiter

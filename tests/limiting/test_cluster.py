@@ -39,7 +39,7 @@ def test_fixture_cluster_serves_every_slot(redis_cluster_url: str) -> None:
 @pytest.fixture
 def store(redis_cluster_url: str, key_prefix: str) -> Iterator[RedisStore]:
     """A sync store on the cluster; its keys are removed afterwards."""
-    store = RedisStore(redis_cluster_url, prefix=key_prefix)
+    store = RedisStore(redis_cluster_url, prefix=key_prefix, socket_timeout=5, connect_timeout=5)
     yield store
     asyncio.run(drop_keys(store.client, key_prefix))
     store.close()
@@ -156,7 +156,7 @@ async def test_async_tick_batch_is_one_call_per_slot(
     """Hits of one event-loop tick on many keys: one EVALSHA per slot, all decided."""
     from redis.crc import key_slot
 
-    store = AsyncRedisStore(redis_cluster_url, prefix=key_prefix)
+    store = AsyncRedisStore(redis_cluster_url, prefix=key_prefix, socket_timeout=5)
     limiter = AsyncRateLimiter(FixedWindow(1, LONG), store, on_store_error="closed")
     calls = _count_scripts(monkeypatch, AsyncRedisStore)
     keys = [f"client-{i % 12}" for i in range(24)]
@@ -180,3 +180,27 @@ def test_unreachable_cluster_follows_on_store_error() -> None:
     assert not limiter.hit("k").allowed
     assert limiter.stats.store_errors == 1
     store.close()
+
+
+def test_cluster_store_repr_hides_the_password() -> None:
+    """A cluster URL's password never shows in the store's repr (outage log lines)."""
+    store = RedisStore("redis+cluster://user:s3cret@127.0.0.1:1")
+    assert "s3cret" not in repr(store)
+    assert "redis+cluster://" in repr(store)
+    store.close()
+
+
+def test_store_accepts_a_plain_redis_client(redis_url: str, key_prefix: str) -> None:
+    """A ready redis.Redis works as the store's client (not a cluster); close() keeps it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with RedisStore(client, prefix=key_prefix) as store:
+            assert not store.cluster
+            limiter = RateLimiter(FixedWindow(1, LONG), store, on_store_error="closed")
+            assert [limiter.hit("k").allowed for _ in range(2)] == [True, False]
+        assert client.ping()
+        asyncio.run(drop_keys(client, key_prefix))
+    finally:
+        client.close()

@@ -37,7 +37,7 @@ ALL = [
 @pytest.fixture
 def store(redis_url: str, key_prefix: str) -> Iterator[RedisStore]:
     """A RedisStore on the shared server; deletes its keys afterwards."""
-    store = RedisStore(redis_url, prefix=key_prefix)
+    store = RedisStore(redis_url, prefix=key_prefix, socket_timeout=5)
     yield store
     keys = store.client.keys(key_prefix + "*")
     if keys:
@@ -158,12 +158,14 @@ def test_sync_and_async_stores_are_not_mixed_up(redis_url: str) -> None:
         AsyncRateLimiter(FixedWindow(1, 1), RedisStore(redis_url))  # type: ignore[arg-type]
 
 
-def test_timeouts_are_bounded_by_default(store: RedisStore) -> None:
+def test_timeouts_are_bounded_by_default(redis_url: str) -> None:
     """Connect and read timeouts default to 0.25 s and redis-py retries are off."""
+    store = RedisStore(redis_url)
     kwargs = store.client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 0.25
     assert kwargs["socket_connect_timeout"] == 0.25
     assert kwargs["retry"].get_retries() == 0
+    store.close()
 
 
 def test_lua_scripts_ship_as_package_data() -> None:

@@ -64,7 +64,8 @@ class Attempt:
         self.driven = True
         if more:
             self.finished = False
-            self.wait = self._run.conversation.state.previous_wait or 0.0
+            state = self._run.conversation.state
+            self.wait = (state.previous_wait if state is not None else None) or 0.0
             return True
         assert self._run.finish is not None
         conclude(self._run.finish, self._config.policy)  # raises RetryError, or returns

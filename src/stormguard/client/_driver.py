@@ -102,8 +102,9 @@ class Engine:
         attempt's value before the wait."""
         if started_at is None:
             started_at = self.clock.monotonic()
-        paced = pace is not None
-        conversation = Conversation(policy, started_at=started_at, rng=self.rng, paced=paced)
+        conversation = Conversation(
+            policy, started_at=started_at, rng=self.rng, paced=pace is not None
+        )
         return Run(self, conversation, target, pace, discard)
 
     def notify(self, notice: Notice, target: Target) -> None:
@@ -165,12 +166,16 @@ class Run:
 
     def begin(self, first: Outcome | None = None) -> None:
         """Start the steps; ``first`` is an attempt the front end already made."""
-        now = self._engine.clock.monotonic()
-        self.steps = self.conversation.steps(None if first is None else (first, now))
+        if first is None:
+            self.steps = self.conversation.steps()
+        else:
+            self.steps = self.conversation.steps((first, self._engine.clock.monotonic()))
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline."""
-        return self.conversation.remaining(self._engine.clock.monotonic())
+        conversation = self.conversation
+        now = self._engine.clock.monotonic()
+        return conversation.policy.deadline_s - (now - conversation.started_at)
 
     def sent(self, outcome: Outcome) -> tuple[Outcome, float]:
         """SEND's answer: the outcome and when it ended."""
@@ -180,6 +185,12 @@ class Run:
 
     def run(self, send: Callable[[], Outcome], first: Outcome | None = None) -> Finish:
         """Drive the call to its end, calling ``send`` for each attempt."""
+        if first is None and self.bare:
+            # Nothing to count, pace or admit before the first attempt: make it
+            # at once, and start the conversation only if it failed.
+            first = send()
+            if first.failure is None:
+                return Finish(first, None, 1)
         self.begin(first)
         reply: Any = None
         while self.advance(reply):
@@ -191,6 +202,13 @@ class Run:
             reply = self.sent(outcome)
         assert self.finish is not None
         return self.finish
+
+    @property
+    def bare(self) -> bool:
+        """True when the policy has no breaker or budget and the front end no pacing."""
+        conversation = self.conversation
+        policy = conversation.policy
+        return policy.breaker is None and policy.budget is None and not conversation.paced
 
     def advance(self, reply: Any = None) -> bool:
         """Perform effects until the machine asks for an attempt (True) or ends (False)."""
@@ -250,6 +268,10 @@ class Run:
         self, asend: Callable[[], Awaitable[Outcome]], first: Outcome | None = None
     ) -> Finish:
         """Async twin of :meth:`run`: awaits ``asend`` and every async effect."""
+        if first is None and self.bare:
+            first = await asend()
+            if first.failure is None:
+                return Finish(first, None, 1)
         self.begin(first)
         reply: Any = None
         while await self.aadvance(reply):

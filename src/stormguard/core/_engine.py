@@ -123,10 +123,13 @@ class Finish(NamedTuple):
 
     def result(self) -> Any:
         """What a transport-like front end answers: the refusal, else the last outcome."""
-        if self.outcome is None:
+        outcome = self.outcome
+        if outcome is None:
             assert self.refusal is not None
             raise self.refusal
-        return self.outcome.result()
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
 
 
 Steps = Generator[tuple[str, Any], Any, Finish]
@@ -139,7 +142,7 @@ class Conversation:
     ``paced`` asks the front end for a PACE wait before each attempt.
     """
 
-    __slots__ = ("paced", "policy", "rng", "state")
+    __slots__ = ("paced", "policy", "rng", "started_at", "state")
 
     def __init__(
         self,
@@ -152,16 +155,20 @@ class Conversation:
         self.policy = policy
         self.rng = rng
         self.paced = paced
-        self.state = RetryState(started_at=started_at)
+        self.started_at = started_at
+        # The retry state is only built once an attempt has failed: a call that
+        # succeeds at once (nearly all of them) never needs it.
+        self.state: RetryState | None = None
 
     @property
     def attempts(self) -> int:
         """The number of the current (or last) attempt, 1-based."""
-        return self.state.attempts
+        state = self.state
+        return 1 if state is None else state.attempts
 
     def remaining(self, now: float) -> float:
         """Seconds left before the deadline at ``now`` (``inf`` without a deadline)."""
-        return self.policy.deadline_s - (now - self.state.started_at)
+        return self.policy.deadline_s - (now - self.started_at)
 
     def pace_limit(self, now: float) -> float:
         """The longest pacing wait worth taking at ``now``: the time left, at most max_wait."""
@@ -187,7 +194,7 @@ class Conversation:
                 if breaker is not None:
                     permit = yield ADMIT, None
                     if isinstance(permit, CircuitOpen):  # the breaker refused
-                        sent = self.state.attempts - 1
+                        sent = self.attempts - 1
                         if last is None:
                             return Finish(None, None, sent, permit)
                         give_up = GiveUp(GiveUpReason.CIRCUIT_OPEN, permit.remaining)
@@ -201,8 +208,11 @@ class Conversation:
             last = outcome
             failure = outcome.failure
             if failure is None:
-                return Finish(outcome, None, self.state.attempts)
-            action = decide(policy, self.state, failure, now=now, rng=self.rng)
+                return Finish(outcome, None, self.attempts)
+            state = self.state
+            if state is None:
+                state = self.state = RetryState(started_at=self.started_at)
+            action = decide(policy, state, failure, now=now, rng=self.rng)
             if isinstance(action, Retry) and breaker is not None:
                 open_for = yield PEEK, None
                 if open_for > action.wait:
@@ -211,8 +221,7 @@ class Conversation:
             if isinstance(action, Retry) and budget is not None and not (yield SPEND, None):
                 action = GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
             if isinstance(action, GiveUp):
-                return Finish(outcome, action, self.state.attempts)
-            state = self.state
+                return Finish(outcome, action, state.attempts)
             yield NOTIFY, Notice(state.attempts, action, failure, now - state.started_at)
             self.state = state.after_wait(action.wait)
             if outcome.value is not None:

@@ -3,7 +3,7 @@
 # A limiter names a policy (algorithm + name) and asks a store to decide. The
 # store does the arithmetic (MemoryStore in-process, RedisStore in one Lua call),
 # so the sync and async limiters differ only in `await`; everything else -- the
-# request, the outage bookkeeping, the fallback decisions -- is in `_Group` below.
+# request, the outage bookkeeping, the fallback decisions -- is written once below.
 #
 # Hot path. On a MemoryStore (which cannot fail) a single hit skips all of that:
 # the store hands each limiter, at construction, its own `hit(key, cost)` -- the
@@ -12,18 +12,21 @@
 # `decide_one` EVALSHA while the store is healthy; everything else goes through
 # `hit_many`.
 #
-# Store outages. When a store raises StoreError, each limiter answers by its
+# Store outages go through the one outage-aware store call (stores/_fallback.py):
+# every limiter owns a StoreHealth, its own outage record, so `stats` counts what
+# *this* limiter saw (three limiters sharing a store through two outages each
+# count two outages). When a store raises StoreError, each limiter answers by its
 # `on_store_error` mode:
 #   "open"   -> allow (availability first);
 #   "closed" -> deny, retry_after = retry_store_after (protection first);
 #   "local"  -> decide in a process-local MemoryStore with the quota divided by
 #               `instances`, so a fleet of N gateways keeps about the global limit.
-# The first failure of an outage logs one warning on the `stormguard` logger and
-# counts in `stats`; while the store is down, it is tried again at most once per
+# The first failure of an outage logs one warning on the `stormguard` logger; while
+# the store is down, each limiter asks it again at most once per
 # `retry_store_after` seconds (other calls go straight to the fallback, so a dead
-# Redis costs one bounded timeout per interval, not one per request); the first
-# success logs the recovery. Outage state and the local fallback store belong to
-# the store, so every limiter sharing a store sees one outage.
+# Redis costs one bounded timeout per limiter and interval, not one per request);
+# the first success logs the recovery. The local fallback store belongs to the
+# store, so limiters of one name on one store share their local quota too.
 from __future__ import annotations
 
 import logging
@@ -32,8 +35,7 @@ import os
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
-from typing import Literal, Protocol, TypeAlias
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, RateLimited, StoreError
@@ -47,6 +49,7 @@ from ..core._limiters import (
     default_name,
     outage_decision,
 )
+from ..stores._fallback import OutageStats, StoreHealth, acall_all, call_all
 from ..stores._memory import MemoryStore
 
 __all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
@@ -54,7 +57,6 @@ __all__ = ["AsyncRateLimiter", "LimiterStats", "OnStoreError", "RateLimiter"]
 OnStoreError: TypeAlias = Literal["open", "closed", "local"]
 _MODES = ("open", "closed", "local")
 _log = logging.getLogger("stormguard")
-_INF = math.inf
 
 
 class SyncStore(Protocol):
@@ -73,44 +75,36 @@ class AsyncStore(Protocol):
     async def arenew(self, request: LimitRequest) -> bool: ...
 
 
-@dataclass
-class LimiterStats:
-    """Counters of one limiter (the outage metric).
+# What `stats` returns: one limiter's outage counters (outages, store_errors,
+# fallback_decisions, degraded).
+LimiterStats: TypeAlias = OutageStats
 
-    ``store_errors``: store calls that failed. ``fallback_decisions``: hits decided
-    by ``on_store_error`` instead of the store. ``outages``: outages seen begin.
-    """
-
-    store_errors: int = 0
-    fallback_decisions: int = 0
-    outages: int = 0
+_LOCAL: weakref.WeakKeyDictionary[object, MemoryStore] = weakref.WeakKeyDictionary()
 
 
-class _Health:
-    # Outage state of one store, shared by every limiter that uses it.
-    __slots__ = ("down_since", "local", "probe_at")
-
-    def __init__(self, clock: Clock) -> None:
-        self.down_since: float | None = None
-        self.probe_at = 0.0
-        self.local = MemoryStore(clock=clock)
+def _local_store(store: object, clock: Clock) -> MemoryStore:
+    # The "local" fallback state of one store, shared by every limiter on it.
+    local = _LOCAL.get(store)
+    if local is None:
+        local = _LOCAL.setdefault(store, MemoryStore(clock=clock))
+    return local
 
 
-_HEALTH: weakref.WeakKeyDictionary[object, _Health] = weakref.WeakKeyDictionary()
+S = TypeVar("S", "SyncStore", "AsyncStore")
 
 
-def _health(store: object, clock: Clock) -> _Health:
-    health = _HEALTH.get(store)
-    if health is None:
-        health = _HEALTH.setdefault(store, _Health(clock))
-    return health
+class _LimiterBase(Generic[S]):
+    # Everything but the sync/async calls; RateLimiter and AsyncRateLimiter only say
+    # which store method they call (`_decides`) and which twin fits the other kind.
+    _decides: ClassVar[str]
+    _kind: ClassVar[str]
+    _twin: ClassVar[str]
 
-
-class _LimiterBase:
     __slots__ = (
         "_decide_one",
         "_health",
         "_leases",
+        "_local",
         "_memory_hit",
         "algorithm",
         "clock",
@@ -118,21 +112,24 @@ class _LimiterBase:
         "name",
         "on_store_error",
         "retry_store_after",
-        "stats",
         "store",
     )
 
     def __init__(
         self,
         algorithm: Algorithm,
-        store: object,
+        store: S | None = None,
         *,
-        name: str | None,
-        on_store_error: OnStoreError,
-        instances: int | None,
-        clock: Clock | None,
-        retry_store_after: float,
+        name: str | None = None,
+        on_store_error: OnStoreError = "open",
+        instances: int | None = None,
+        clock: Clock | None = None,
+        retry_store_after: float = 1.0,
     ) -> None:
+        if store is None:
+            store = MemoryStore(clock=clock)  # both kinds
+        if not callable(getattr(store, self._decides, None)):
+            raise ConfigError("store", f"{store!r} is not {self._kind} store (use {self._twin})")
         if on_store_error not in _MODES:
             raise ConfigError("on_store_error", f"must be one of {_MODES}, got {on_store_error!r}")
         if instances is None:
@@ -142,14 +139,18 @@ class _LimiterBase:
         if not 0 < retry_store_after < math.inf:
             raise ConfigError("retry_store_after", f"must be > 0, got {retry_store_after!r}")
         self.algorithm = algorithm
-        self.store = store
+        self.store: S = store  # not None: see above
         self.name = name or default_name(algorithm)
         self.on_store_error: OnStoreError = on_store_error
         self.instances = instances
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.retry_store_after = float(retry_store_after)
-        self.stats = LimiterStats()
-        self._health = _health(store, self.clock)
+        self._health = StoreHealth(
+            f"rate limiter {self.name!r} on {store!r} (on_store_error={on_store_error})",
+            clock=self.clock,
+            retry_after=self.retry_store_after,
+        )
+        self._local = _local_store(store, self.clock)
         self._leases = isinstance(algorithm, Concurrency)
         # MemoryStore never fails: its hits skip the outage bookkeeping entirely, on
         # the path the store picks for this limiter (see the module notes).
@@ -161,7 +162,15 @@ class _LimiterBase:
     @property
     def store_down(self) -> bool:
         """Whether the store is in an outage (decisions follow ``on_store_error``)."""
-        return self._health.down_since is not None
+        return self._health.degraded
+
+    @property
+    def stats(self) -> LimiterStats:
+        """This limiter's outage counters: ``outages`` (outages it saw begin),
+        ``store_errors`` (its store calls that failed), ``fallback_decisions`` (its
+        hits decided by ``on_store_error``) and ``degraded`` (deciding locally now).
+        """
+        return self._health.stats
 
     def _request(self, key: str, cost: float, lease: str = "") -> LimitRequest:
         if self._leases and not lease:
@@ -175,80 +184,42 @@ class _LimiterBase:
         )
 
 
-class _Group:
-    # One call: the limiters, their requests, and what to do when the store fails.
-    __slots__ = ("health", "limiters", "requests", "store")
+def _group(
+    items: Sequence[tuple[_LimiterBase[Any], str]], cost: float
+) -> tuple[list[_LimiterBase[Any]], list[LimitRequest]]:
+    # The limiters of one call and their requests, checked.
+    if not items:
+        raise ConfigError("items", "needs at least one (limiter, key) pair")
+    limiters = [limiter for limiter, _ in items]
+    store = limiters[0].store
+    if any(limiter.store is not store for limiter in limiters):
+        raise ConfigError("items", "every limiter of one call must share one store")
+    if len(items) > 1 and len({(limiter.name, key) for limiter, key in items}) < len(items):
+        # The same state twice could not be decided all or nothing.
+        raise ConfigError("items", "the same (limiter name, key) appears twice")
+    return limiters, [limiter._request(key, cost) for limiter, key in items]
 
-    def __init__(self, items: Sequence[tuple[_LimiterBase, str]], cost: float) -> None:
-        if not items:
-            raise ConfigError("items", "needs at least one (limiter, key) pair")
-        self.limiters = [limiter for limiter, _ in items]
-        self.store = self.limiters[0].store
-        if any(limiter.store is not self.store for limiter in self.limiters):
-            raise ConfigError("items", "every limiter of one call must share one store")
-        if len(items) > 1 and len({(limiter.name, key) for limiter, key in items}) < len(items):
-            # The same state twice could not be decided all or nothing.
-            raise ConfigError("items", "the same (limiter name, key) appears twice")
-        self.health = self.limiters[0]._health
-        self.requests = [limiter._request(key, cost) for limiter, key in items]
 
-    def try_store(self) -> bool:
-        health = self.health
-        if health.down_since is None:
-            return True
-        now = self.limiters[0].clock.monotonic()
-        if now < health.probe_at:
-            return False
-        health.probe_at = now + self.limiters[0].retry_store_after
-        return True
+def _fallback(limiters: Sequence[_LimiterBase[Any]], requests: Sequence[LimitRequest]) -> Decision:
+    # The decision of a call the store could not answer: each limit by its mode. A
+    # "closed" limit denies the whole call, so "local" limits then take nothing.
+    modes = [limiter.on_store_error for limiter in limiters]
+    decisions: list[Decision | None] = [None] * len(requests)
+    local = [i for i, mode in enumerate(modes) if mode == "local"]
+    if local and "closed" not in modes:
+        scaled = [_scaled(limiters[i], requests[i]) for i in local]
+        for i, decision in zip(local, limiters[0]._local.decide(scaled)):
+            decisions[i] = decision
+    for i, (limiter, request) in enumerate(zip(limiters, requests)):
+        if decisions[i] is None:
+            closed = limiter.on_store_error == "closed"
+            decisions[i] = outage_decision(request, not closed, limiter.retry_store_after)
+    return combine([d for d in decisions if d is not None])
 
-    def succeeded(self) -> None:
-        health = self.health
-        if health.down_since is not None:
-            lead = self.limiters[0]
-            down_for = lead.clock.monotonic() - health.down_since
-            health.down_since = None
-            _log.warning("limiter store %r is back after %.1fs", self.store, down_for)
 
-    def failed(self, exc: StoreError) -> None:
-        health, lead = self.health, self.limiters[0]
-        for limiter in self.limiters:
-            limiter.stats.store_errors += 1
-        if health.down_since is None:
-            now = lead.clock.monotonic()
-            health.down_since = now
-            health.probe_at = now + lead.retry_store_after
-            for limiter in self.limiters:
-                limiter.stats.outages += 1
-            modes = ", ".join(sorted({limiter.on_store_error for limiter in self.limiters}))
-            _log.warning(
-                "limiter store %r failed (%s); deciding on_store_error=%s until it is back",
-                self.store,
-                exc,
-                modes,
-            )
-
-    def fallback(self) -> Decision:
-        limiters, requests = self.limiters, self.requests
-        for limiter in limiters:
-            limiter.stats.fallback_decisions += 1
-        modes = [limiter.on_store_error for limiter in limiters]
-        decisions: list[Decision | None] = [None] * len(requests)
-        local = [i for i, mode in enumerate(modes) if mode == "local"]
-        if local and "closed" not in modes:
-            scaled = [self._scaled(limiters[i], requests[i]) for i in local]
-            for i, decision in zip(local, self.health.local.decide(scaled)):
-                decisions[i] = decision
-        for i, (limiter, request) in enumerate(zip(limiters, requests)):
-            if decisions[i] is None:
-                closed = limiter.on_store_error == "closed"
-                decisions[i] = outage_decision(request, not closed, limiter.retry_store_after)
-        return combine([d for d in decisions if d is not None])
-
-    @staticmethod
-    def _scaled(limiter: _LimiterBase, request: LimitRequest) -> LimitRequest:
-        algorithm = request.algorithm.scaled(1 / limiter.instances)
-        return LimitRequest(algorithm, request.key, request.name, request.cost, request.lease)
+def _scaled(limiter: _LimiterBase[Any], request: LimitRequest) -> LimitRequest:
+    algorithm = request.algorithm.scaled(1 / limiter.instances)
+    return LimitRequest(algorithm, request.key, request.name, request.cost, request.lease)
 
 
 def _lease_of(lease: str | Decision) -> str:
@@ -258,7 +229,7 @@ def _lease_of(lease: str | Decision) -> str:
     return token
 
 
-class RateLimiter(_LimiterBase):
+class RateLimiter(_LimiterBase["SyncStore"]):
     """Decide hits against ``algorithm`` with state in ``store`` (default: a MemoryStore).
 
     ``hit(key, cost=1)`` returns a :class:`Decision`. ``name`` is the policy name in
@@ -269,29 +240,7 @@ class RateLimiter(_LimiterBase):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        algorithm: Algorithm,
-        store: SyncStore | None = None,
-        *,
-        name: str | None = None,
-        on_store_error: OnStoreError = "open",
-        instances: int | None = None,
-        clock: Clock | None = None,
-        retry_store_after: float = 1.0,
-    ) -> None:
-        super().__init__(
-            algorithm,
-            store if store is not None else MemoryStore(clock=clock),
-            name=name,
-            on_store_error=on_store_error,
-            instances=instances,
-            clock=clock,
-            retry_store_after=retry_store_after,
-        )
-        if not callable(getattr(self.store, "decide", None)):
-            raise ConfigError("store", f"{self.store!r} is not a sync store (use AsyncRateLimiter)")
+    _decides, _kind, _twin = "decide", "a sync", "AsyncRateLimiter"
 
     def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
@@ -299,16 +248,15 @@ class RateLimiter(_LimiterBase):
         if memory_hit is not None:
             return memory_hit(key, cost)
         decide_one = self._decide_one
-        if decide_one is not None and 0 <= cost < _INF and self._health.down_since is None:
-            lease = os.urandom(9).hex() if self._leases else ""
-            try:
-                decision: Decision = decide_one(self.algorithm, self.name, key, float(cost), lease)
-            except StoreError as exc:
-                group = _Group(((self, key),), cost)
-                group.failed(exc)
-                return group.fallback()
-            return decision
-        return RateLimiter.hit_many(((self, key),), cost)
+        if decide_one is None:
+            return RateLimiter.hit_many(((self, key),), cost)
+        # A sync Redis store's single-limit path: one EVALSHA.
+        request = self._request(key, cost)
+        decision: Decision = self._health.call(
+            lambda: decide_one(self.algorithm, self.name, key, request.cost, request.lease),
+            lambda: _fallback((self,), (request,)),
+        )
+        return decision
 
     @staticmethod
     def hit_many(items: Sequence[tuple[RateLimiter, str]], cost: float = 1.0) -> Decision:
@@ -318,39 +266,37 @@ class RateLimiter(_LimiterBase):
         client, per route and global; each (limiter name, key) at most once. A
         denial by one consumes nothing from the others. The result is allowed only
         if every limit allowed; ``parts`` holds each limit's decision and
-        ``headers()`` renders all of them.
+        ``headers()`` renders all of them. One round trip on Redis; on a Redis
+        Cluster, one per hash slot when the keys differ (per client + global), still
+        all or nothing.
         """
-        group = _Group(items, cost)
-        store: SyncStore = group.store  # type: ignore[assignment]
-        if group.try_store():
-            try:
-                decisions = store.decide(group.requests)
-            except StoreError as exc:
-                group.failed(exc)
-            else:
-                group.succeeded()
-                return combine(decisions)
-        return group.fallback()
+        limiters, requests = _group(items, cost)
+        store: SyncStore = limiters[0].store
+        return call_all(
+            [limiter._health for limiter in limiters],
+            lambda: combine(store.decide(requests)),
+            lambda: _fallback(limiters, requests),
+        )
 
     def release(self, key: str, lease: str | Decision) -> None:
         """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: SyncStore = self.store  # type: ignore[assignment]
+        store: SyncStore = self.store
         try:
             store.release(request)
         except StoreError:
             _log.debug("release of %r on %r failed; the lease will expire", key, self.store)
-        if self._health.down_since is not None or self.on_store_error == "local":
-            self._health.local.release(request)
+        if self._health.degraded or self.on_store_error == "local":
+            self._local.release(request)
 
     def renew(self, key: str, lease: str | Decision) -> bool:
         """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: SyncStore = self.store  # type: ignore[assignment]
+        store: SyncStore = self.store
         try:
             return store.renew(request)
         except StoreError:
-            return self._health.local.renew(request)
+            return self._local.renew(request)
 
     @contextmanager
     def lease(self, key: str, cost: float = 1.0) -> Iterator[Decision]:
@@ -365,33 +311,11 @@ class RateLimiter(_LimiterBase):
                 self.release(key, decision)
 
 
-class AsyncRateLimiter(_LimiterBase):
+class AsyncRateLimiter(_LimiterBase["AsyncStore"]):
     """The asyncio twin of :class:`RateLimiter` (``await limiter.hit(key)``)."""
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        algorithm: Algorithm,
-        store: AsyncStore | None = None,
-        *,
-        name: str | None = None,
-        on_store_error: OnStoreError = "open",
-        instances: int | None = None,
-        clock: Clock | None = None,
-        retry_store_after: float = 1.0,
-    ) -> None:
-        super().__init__(
-            algorithm,
-            store if store is not None else MemoryStore(clock=clock),
-            name=name,
-            on_store_error=on_store_error,
-            instances=instances,
-            clock=clock,
-            retry_store_after=retry_store_after,
-        )
-        if not callable(getattr(self.store, "adecide", None)):
-            raise ConfigError("store", f"{self.store!r} is not an async store (use RateLimiter)")
+    _decides, _kind, _twin = "adecide", "an async", "RateLimiter"
 
     async def hit(self, key: str, cost: float = 1.0) -> Decision:
         """Take ``cost`` from ``key``'s quota if it fits; never raises on store errors."""
@@ -405,37 +329,35 @@ class AsyncRateLimiter(_LimiterBase):
         items: Sequence[tuple[AsyncRateLimiter, str]], cost: float = 1.0
     ) -> Decision:
         """Decide several limits for one request, all or nothing, in one store call."""
-        group = _Group(items, cost)
-        store: AsyncStore = group.store  # type: ignore[assignment]
-        if group.try_store():
-            try:
-                decisions = await store.adecide(group.requests)
-            except StoreError as exc:
-                group.failed(exc)
-            else:
-                group.succeeded()
-                return combine(decisions)
-        return group.fallback()
+        limiters, requests = _group(items, cost)
+        store: AsyncStore = limiters[0].store
+
+        async def ask() -> Decision:
+            return combine(await store.adecide(requests))
+
+        return await acall_all(
+            [limiter._health for limiter in limiters], ask, lambda: _fallback(limiters, requests)
+        )
 
     async def release(self, key: str, lease: str | Decision) -> None:
         """Give back a :class:`Concurrency` slot (a no-op if it expired already)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: AsyncStore = self.store  # type: ignore[assignment]
+        store: AsyncStore = self.store
         try:
             await store.arelease(request)
         except StoreError:
             _log.debug("release of %r on %r failed; the lease will expire", key, self.store)
-        if self._health.down_since is not None or self.on_store_error == "local":
-            self._health.local.release(request)
+        if self._health.degraded or self.on_store_error == "local":
+            self._local.release(request)
 
     async def renew(self, key: str, lease: str | Decision) -> bool:
         """Extend a :class:`Concurrency` lease; ``False`` if it had expired (or store down)."""
         request = self._request(key, 0.0, _lease_of(lease))
-        store: AsyncStore = self.store  # type: ignore[assignment]
+        store: AsyncStore = self.store
         try:
             return await store.arenew(request)
         except StoreError:
-            return self._health.local.renew(request)
+            return self._local.renew(request)
 
     @asynccontextmanager
     async def lease(self, key: str, cost: float = 1.0) -> AsyncIterator[Decision]:
