@@ -16,6 +16,7 @@ BENCHMARKS = {
     "limiters": "bench.bench_limiters",
     "sim": "bench.bench_sim",
     "fuzz_headers": "bench.fuzz_headers",
+    "http": "bench.bench_http",
 }
 
 

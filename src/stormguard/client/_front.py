@@ -152,6 +152,7 @@ class Lane:
         "deadline",
         "generation",
         "guard",
+        "max_wait",
         "observes",
         "origin",
         "paced",
@@ -169,6 +170,7 @@ class Lane:
         self.breaker = policy.breaker
         self.budget = policy.budget
         self.deadline = policy.deadline_s
+        self.max_wait = policy.max_wait_s
         self.bulkhead = None if guard is None else guard.bulkhead
         self.paced = guard is not None and guard.paced
         self.observes = guard is not None and guard.pacing
@@ -399,7 +401,9 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
 
 def _pace_limit(call: HttpCall) -> float:
     # Conversation.pace_limit(): the time left, at most max_wait.
-    return max(0.0, min(call.remaining(), call.lane.policy.max_wait_s))
+    limit = call.lane.deadline - (call.front.monotonic() - call.started)
+    max_wait = call.lane.max_wait
+    return max_wait if limit > max_wait else max(0.0, limit)
 
 
 def _discard(outcome: Outcome) -> None:

@@ -251,7 +251,9 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     response = inner.handle_request(request)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
-                if response.status_code < 400 and not lane.observes:
+                if response.status_code < 400 and not (
+                    lane.observes and self.names_quota(response.headers)
+                ):
                     return _success(response)
                 if response.status_code >= 400 and _wants_body(response):
                     with contextlib.suppress(httpx.HTTPError):
@@ -283,7 +285,9 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     response = await inner.handle_async_request(request)
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
-                if response.status_code < 400 and not lane.observes:
+                if response.status_code < 400 and not (
+                    lane.observes and self.names_quota(response.headers)
+                ):
                     return _success(response)
                 if response.status_code >= 400 and _wants_body(response):
                     with contextlib.suppress(httpx.HTTPError):

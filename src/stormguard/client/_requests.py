@@ -130,7 +130,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
                 except Exception as exc:
                     return call.error(_failure_kind(exc), exc)
                 status = response.status_code
-                if status < 400 and not lane.observes:
+                if status < 400 and not (lane.observes and self.names_quota(response.headers)):
                     return _success(response)
                 small = status >= 400 and body_worth_reading(
                     status, response.headers.get("content-length")
