@@ -1,13 +1,15 @@
 """The HTTP adapters' success path: time each adds to a request that needs no retry.
 
-Only the libraries are timed, never a network: every contender in a table sends
-the same GET to the same in-process base, and a figure is the time per request
-minus the bare client's on that base (µs added), best of 30 rounds of 300
+Only the libraries are timed, never a network: every contender in a table is
+handed the same prepared GET (``transport.handle_request(request)``, its async
+twin, or ``adapter.send(request)``: the client's own work, identical for all,
+is left out) over the same in-process base, and a figure is the time per request
+minus the bare base's (µs added), best of 30 rounds of 300
 requests, the contenders interleaved within each round so load on the machine
 hits them alike.
 
 * httpx, sync and async: the base is ``httpx.MockTransport`` answering 200 with a
-  two-byte body. Bare: ``httpx.Client(transport=mock)``. Peer: httpx-retries'
+  two-byte body. Bare: the mock itself. Peer: httpx-retries'
   ``RetryTransport(transport=mock, retry=Retry(total=3, backoff_factor=0.5))``.
   stormguard: ``RetryTransport(mock)`` with all protection off, then with its
   defaults (breaker, budget, bulkhead, cooldown, pacing).
@@ -15,8 +17,9 @@ hits them alike.
   every contender: ``HTTPAdapter.send`` asks for a connection pool, and the pool
   given (a real ``HTTPConnectionPool`` whose ``_make_request`` returns a canned
   ``urllib3.HTTPResponse`` instead of writing to a socket) runs ``urlopen`` as it
-  would for a real request. Bare: ``HTTPAdapter()`` on that pool (requests'
-  default, ``Retry(0, read=False)``). Peer: ``HTTPAdapter(max_retries=Retry(total=3,
+  would for a real request (the body is read, as a session would). Bare:
+  ``HTTPAdapter()`` on that pool (requests' default, ``Retry(0, read=False)``).
+  Peer: ``HTTPAdapter(max_retries=Retry(total=3,
   backoff_factor=0.5, status_forcelist=(429, 502, 503, 504)))``. stormguard:
   ``RetryAdapter`` on the same pool (it delegates each attempt to
   ``HTTPAdapter.send``), protection off, then defaults. Note what this shows: a
@@ -89,7 +92,7 @@ _OFF: dict[str, Any] = {
 def _report(title: str, times: dict[str, float], peer: str) -> dict[str, float]:
     bare = times["bare"]
     added = {name: t - bare for name, t in times.items() if name != "bare"}
-    print(f"\n{title}  (bare request {bare * 1e6:.1f} µs)")
+    print(f"\n{title}  (bare: {bare * 1e6:.1f} µs)")
     print(f"  {'contender':<24} {'µs added':>9} {'vs peer':>8} {'vs bare':>8}")
     for name, value in added.items():
         versus = value / added[peer] if added[peer] > 0 else float("nan")
@@ -104,22 +107,21 @@ def bench_httpx_sync(number: int, repeat: int) -> dict[str, float]:
     from stormguard.httpx import RetryTransport
 
     mock = httpx.MockTransport(lambda request: httpx.Response(200, content=b"ok"))
-    clients = {
-        "bare": httpx.Client(transport=mock),
-        "httpx-retries": httpx.Client(
-            transport=httpx_retries.RetryTransport(
-                transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
-            )
+    transports: dict[str, Any] = {
+        "bare": mock,
+        "httpx-retries": httpx_retries.RetryTransport(
+            transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
         ),
-        "stormguard off": httpx.Client(transport=RetryTransport(mock, **_OFF)),
-        "stormguard defaults": httpx.Client(transport=RetryTransport(mock)),
+        "stormguard off": RetryTransport(mock, **_OFF),
+        "stormguard defaults": RetryTransport(mock),
     }
+    with httpx.Client() as client:
+        request = client.build_request("GET", _URL)
     timers = {
-        name: _sync_timer(lambda c=client: c.get(_URL), number) for name, client in clients.items()
+        name: _sync_timer(lambda t=transport: t.handle_request(request), number)
+        for name, transport in transports.items()
     }
     times = _best(timers, repeat)
-    for client in clients.values():
-        client.close()
     return _report("httpx sync, per GET", times, "httpx-retries")
 
 
@@ -134,29 +136,26 @@ def bench_httpx_async(number: int, repeat: int) -> dict[str, float]:
 
     mock = httpx.MockTransport(answer)
     loop = asyncio.new_event_loop()
-    clients = {
-        "bare": httpx.AsyncClient(transport=mock),
-        "httpx-retries": httpx.AsyncClient(
-            transport=httpx_retries.RetryTransport(
-                transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
-            )
+    transports: dict[str, Any] = {
+        "bare": mock,
+        "httpx-retries": httpx_retries.RetryTransport(
+            transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
         ),
-        "stormguard off": httpx.AsyncClient(transport=RetryTransport(mock, **_OFF)),
-        "stormguard defaults": httpx.AsyncClient(transport=RetryTransport(mock)),
+        "stormguard off": RetryTransport(mock, **_OFF),
+        "stormguard defaults": RetryTransport(mock),
     }
+    with httpx.Client() as client:
+        request = client.build_request("GET", _URL)
     timers = {
-        name: _async_timer(loop, lambda c=client: c.get(_URL), number)
-        for name, client in clients.items()
+        name: _async_timer(loop, lambda t=transport: t.handle_async_request(request), number)
+        for name, transport in transports.items()
     }
     times = _best(timers, repeat)
-    for client in clients.values():
-        loop.run_until_complete(client.aclose())
     loop.close()
     return _report("httpx async, per GET", times, "httpx-retries")
 
 
 def _canned_pool_adapters() -> dict[str, Any]:
-    import requests
     from requests.adapters import HTTPAdapter
     from urllib3 import HTTPConnectionPool, HTTPResponse
     from urllib3.util.retry import Retry
@@ -191,33 +190,32 @@ def _canned_pool_adapters() -> dict[str, Any]:
         pass
 
     peer_retry = Retry(total=3, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504))
-    adapters = {
+    return {
         "bare": Bare(),
         "urllib3 Retry": Bare(max_retries=peer_retry),
         "stormguard off": Stormguard(**_OFF),
         "stormguard defaults": Stormguard(),
     }
-    sessions = {}
-    for name, adapter in adapters.items():
-        session = requests.Session()
-        session.mount("http://", adapter)
-        sessions[name] = session
-    return sessions
 
 
 def bench_requests(number: int, repeat: int) -> dict[str, float]:
-    sessions = _canned_pool_adapters()
-    for session in sessions.values():
-        assert session.get(_URL, timeout=10).content == b"ok"
+    import requests
+
+    adapters = _canned_pool_adapters()
+    request = requests.Request("GET", _URL).prepare()
+    for adapter in adapters.values():
+        assert adapter.send(request, timeout=10).content == b"ok"
     timers = {
-        name: _sync_timer(lambda s=session: s.get(_URL, timeout=10), number)
-        for name, session in sessions.items()
+        name: _sync_timer(lambda a=adapter: a.send(request, timeout=10).content, number)
+        for name, adapter in adapters.items()
     }
     times = _best(timers, repeat)
-    for session in sessions.values():
-        session.close()
+    for adapter in adapters.values():
+        adapter.close()
     return _report(
-        "requests, per GET (urllib3 pool with a canned wire exchange)", times, "urllib3 Retry"
+        "requests, per GET (HTTPAdapter.send on a urllib3 pool with a canned exchange)",
+        times,
+        "urllib3 Retry",
     )
 
 
