@@ -146,6 +146,8 @@ class Lane:
     """
 
     __slots__ = (
+        "aadmit",
+        "acount",
         "breaker",
         "budget",
         "bulkhead",
@@ -169,6 +171,8 @@ class Lane:
         self.policy = policy = policy if guard is None else guard.policy(policy)
         self.breaker = policy.breaker
         self.budget = policy.budget
+        self.aadmit = getattr(self.breaker, "aacquire", None)
+        self.acount = getattr(self.budget, "arecord_request", None)
         self.deadline = policy.deadline_s
         self.max_wait = policy.max_wait_s
         self.bulkhead = None if guard is None else guard.bulkhead
@@ -375,15 +379,20 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
     lane = call.lane
     permit = None
     if lane.protected:
-        if lane.budget is not None:
-            await twin(lane.budget, "record_request")
+        # The async forms, found once per lane (twin()'s choice without its wrapper).
+        if lane.acount is not None:
+            await lane.acount()
+        elif lane.budget is not None:
+            lane.budget.record_request()
         if lane.paced:
             assert lane.guard is not None
             wait = await lane.guard.await_before(_pace_limit(call))
             if wait:
                 await call.front.clock.asleep(wait)
-        if lane.breaker is not None:
-            permit = await twin(lane.breaker, "acquire")
+        if lane.aadmit is not None:
+            permit = await lane.aadmit()
+        elif lane.breaker is not None:
+            permit = lane.breaker.acquire()
     try:
         outcome = await asend()
     except BaseException:
@@ -391,7 +400,11 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
             await twin(permit, "release")
         raise
     if permit is not None:
-        await twin(permit, "record", failure=outcome[1])
+        arecord = getattr(permit, "arecord", None)
+        if arecord is not None:
+            await arecord(failure=outcome[1])
+        else:
+            permit.record(failure=outcome[1])
     if outcome[0] is None:
         if outcome[3] is not None:
             raise outcome[3]

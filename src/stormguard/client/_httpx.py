@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from .._clock import Clock
+from .._errors import BulkheadFull
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
@@ -278,7 +279,10 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         async def asend() -> Outcome:
             bulkhead = lane.bulkhead
             if bulkhead is not None:
-                await bulkhead.aacquire(max(0.0, call.remaining()))
+                try:  # a free slot is taken without a coroutine; a full one is awaited
+                    bulkhead.acquire(0.0)
+                except BulkheadFull:
+                    await bulkhead.aacquire(max(0.0, call.remaining()))
             try:
                 _cap_timeouts(request, call.remaining())
                 try:
