@@ -446,3 +446,42 @@ def test_retry_if_keyword_on_the_adapters(server: ScriptedServer, adapter: str) 
             )
             status = session.get(server.url, timeout=10).status_code
     assert status == 200 and len(server.received) == 2
+
+
+def test_giving_up_is_logged_once_at_warning(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retry-After: 86400 -> one WARNING give-up line with the reason, status and hint."""
+    server.script(Step(429, {"Retry-After": "86400"}))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        result = send(server.url + "/x?api_key=secret", policy=FAST, clock=FakeClock())
+    assert result.status == 429
+    warnings = [r for r in caplog.records if r.name == "stormguard"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    message = warnings[0].getMessage()
+    assert "hint too long" in message and "status 429" in message and "secret" not in message
+    fields = warnings[0].stormguard  # type: ignore[attr-defined]
+    assert fields["event"] == "give_up" and fields["reason"] == "hint too long"
+    assert fields["attempts"] == 1 and fields["hint"] == 86400.0
+
+
+def test_retry_records_travel_as_structured_fields(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each retry line carries extra={'stormguard': {...}} with stable field names."""
+    server.script(Step(503), Step(200))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        send(server.url, policy=FAST, clock=FakeClock())
+    (record,) = [r for r in caplog.records if r.name == "stormguard"]
+    fields = record.stormguard  # type: ignore[attr-defined]
+    assert set(fields) == {
+        "event",
+        "attempt",
+        "wait",
+        "reason",
+        "hint_used",
+        "hint",
+        "elapsed",
+        "target",
+    }
+    assert fields["event"] == "retry" and fields["reason"] == "status 503"

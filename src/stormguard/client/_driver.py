@@ -12,6 +12,7 @@
 # for front ends that cannot hand over a callable (retrying()'s `with attempt:`).
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from ..core._engine import (
     ADMIT,
     COUNT,
     DISCARD,
+    GIVE_UP,
     NOTIFY,
     PACE,
     PEEK,
@@ -37,7 +39,7 @@ from ..core._engine import (
     Outcome,
     Steps,
 )
-from ..core._policy import RetryPolicy
+from ..core._policy import GiveUp, Retry, RetryPolicy
 
 __all__ = ["Engine", "RetryHook", "RetryRecord", "Run", "logger"]
 
@@ -110,6 +112,7 @@ class Engine:
     def notify(self, notice: Notice, target: Target) -> None:
         """Tell the hooks and the ``stormguard`` logger about a retry."""
         retry, failure = notice.retry, notice.failure
+        assert isinstance(retry, Retry) and failure is not None
         record = RetryRecord(
             attempt=notice.attempt,
             wait=retry.wait,
@@ -120,6 +123,7 @@ class Engine:
             target=target if isinstance(target, str) else target(),
         )
         if logger.isEnabledFor(logging.INFO):
+            fields = {"event": "retry", **dataclasses.asdict(record)}
             logger.info(
                 "retrying %s: attempt %d failed (%s); waiting %.3fs%s",
                 record.target,
@@ -127,10 +131,36 @@ class Engine:
                 record.reason,
                 record.wait,
                 " as the server asked" if record.hint_used else "",
-                extra={"stormguard_retry": record},
+                extra={"stormguard": fields, "stormguard_retry": record},
             )
         for hook in self.hooks:
             hook(record)
+
+    def gave_up(self, notice: Notice, target: Target) -> None:
+        """Log, once per call, at WARNING, that a call gave up and why."""
+        if not logger.isEnabledFor(logging.WARNING):
+            return
+        give_up, failure = notice.retry, notice.failure
+        assert isinstance(give_up, GiveUp)
+        fields = {
+            "event": "give_up",
+            "target": target if isinstance(target, str) else target(),
+            "attempts": notice.attempt,
+            "reason": str(give_up.reason),
+            "last_failure": None if failure is None else failure.reason,
+            "hint": give_up.hint,
+            "elapsed": notice.elapsed,
+        }
+        logger.warning(
+            "giving up on %s after %d attempt%s: %s (last: %s)%s",
+            fields["target"],
+            notice.attempt,
+            "" if notice.attempt == 1 else "s",
+            fields["reason"],
+            fields["last_failure"],
+            "" if give_up.hint is None else f"; the server asked to wait {give_up.hint:.3f}s",
+            extra={"stormguard": fields},
+        )
 
 
 class Run:
@@ -250,6 +280,9 @@ class Run:
                 if self._discard is not None:
                     self._discard[0](arg)
                 reply = None
+            elif effect is GIVE_UP:
+                self._engine.gave_up(arg, self.target)
+                reply = None
             else:
                 assert effect is PACE and self._pace is not None
                 limit = self.conversation.pace_limit(self._engine.clock.monotonic())
@@ -322,6 +355,9 @@ class Run:
             elif effect is DISCARD:
                 if self._discard is not None:
                     await self._discard[1](arg)
+                reply = None
+            elif effect is GIVE_UP:
+                self._engine.gave_up(arg, self.target)
                 reply = None
             else:
                 assert effect is PACE and self._pace is not None
