@@ -17,7 +17,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen
@@ -40,8 +40,9 @@ from ..core._engine import (
     Steps,
 )
 from ..core._policy import GiveUp, Retry, RetryPolicy
+from ..core._ratelimit_headers import Quota
 
-__all__ = ["Engine", "RetryHook", "RetryRecord", "Run", "logger"]
+__all__ = ["Detail", "Engine", "RetryHook", "RetryRecord", "Run", "describe_quota", "logger"]
 
 logger = logging.getLogger("stormguard")
 
@@ -54,7 +55,10 @@ class RetryRecord:
     seconds slept before the next one; ``reason`` why the attempt failed;
     ``hint_used`` whether ``wait`` came from the server (``hint``) rather than the
     backoff; ``elapsed`` seconds since the call started; ``target`` what was
-    called (``"GET https://api/x"`` or a function's qualified name).
+    called (``"GET https://api/x"`` or a function's qualified name). For a failed
+    HTTP response, ``body`` is an excerpt of the (small 429/503) body the server
+    sent, where APIs say which limit was hit, and ``quota`` the exhausted quota
+    its headers named (``None`` when there was none).
     """
 
     attempt: int
@@ -64,6 +68,38 @@ class RetryRecord:
     hint: float | None
     elapsed: float
     target: str
+    body: str | None = None
+    quota: Quota | None = None
+
+
+class Detail(NamedTuple):
+    """What an HTTP front end tells with a retry or a give-up: body excerpt, quota."""
+
+    body: str | None
+    quota: Quota | None
+
+
+def describe_quota(quota: Quota) -> str:
+    """``"quota core 0/5000, resets in 312 s"``: a quota as a log line says it."""
+    text = "quota" if quota.name is None else f"quota {quota.name}"
+    if quota.remaining is not None or quota.limit is not None:
+        remaining = "?" if quota.remaining is None else f"{quota.remaining:g}"
+        limit = "?" if quota.limit is None else f"{quota.limit:g}"
+        text += f" {remaining}/{limit}"
+    if quota.reset_after is not None:
+        text += f", resets in {quota.reset_after:.0f} s"
+    return text
+
+
+def _detail_text(detail: Any) -> str:
+    if not isinstance(detail, Detail):
+        return ""
+    text = ""
+    if detail.quota is not None:
+        text += f"; {describe_quota(detail.quota)}"
+    if detail.body:
+        text += f"; body: {detail.body}"
+    return text
 
 
 RetryHook = Callable[[RetryRecord], None]
@@ -113,6 +149,7 @@ class Engine:
         """Tell the hooks and the ``stormguard`` logger about a retry."""
         retry, failure = notice.retry, notice.failure
         assert isinstance(retry, Retry) and failure is not None
+        detail = notice.detail if isinstance(notice.detail, Detail) else Detail(None, None)
         record = RetryRecord(
             attempt=notice.attempt,
             wait=retry.wait,
@@ -121,16 +158,19 @@ class Engine:
             hint=failure.hint,
             elapsed=notice.elapsed,
             target=target if isinstance(target, str) else target(),
+            body=detail.body,
+            quota=detail.quota,
         )
         if logger.isEnabledFor(logging.INFO):
             fields = {"event": "retry", **dataclasses.asdict(record)}
             logger.info(
-                "retrying %s: attempt %d failed (%s); waiting %.3fs%s",
+                "retrying %s: attempt %d failed (%s); waiting %.3fs%s%s",
                 record.target,
                 record.attempt,
                 record.reason,
                 record.wait,
                 " as the server asked" if record.hint_used else "",
+                _detail_text(detail),
                 extra={"stormguard": fields, "stormguard_retry": record},
             )
         for hook in self.hooks:
@@ -150,15 +190,22 @@ class Engine:
             "last_failure": None if failure is None else failure.reason,
             "hint": give_up.hint,
             "elapsed": notice.elapsed,
+            "body": None,
+            "quota": None,
         }
+        detail = notice.detail
+        if isinstance(detail, Detail):
+            fields["body"] = detail.body
+            fields["quota"] = None if detail.quota is None else dataclasses.asdict(detail.quota)
         logger.warning(
-            "giving up on %s after %d attempt%s: %s (last: %s)%s",
+            "giving up on %s after %d attempt%s: %s (last: %s)%s%s",
             fields["target"],
             notice.attempt,
             "" if notice.attempt == 1 else "s",
             fields["reason"],
             fields["last_failure"],
             "" if give_up.hint is None else f"; the server asked to wait {give_up.hint:.3f}s",
+            _detail_text(detail),
             extra={"stormguard": fields},
         )
 

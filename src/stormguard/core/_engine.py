@@ -90,13 +90,15 @@ class Outcome(NamedTuple):
     ``failure`` is ``None`` when the attempt ends the call as it is (a success, a
     final answer, an exception not ours to retry). ``against_server`` says whether
     a breaker counts it as the upstream failing. ``value`` is what the attempt
-    returned (a response, a result), ``error`` what it raised.
+    returned (a response, a result), ``error`` what it raised; ``detail`` what the
+    front end wants told with a retry or a give-up (opaque to the machine).
     """
 
     failure: RetryFailure | None
     against_server: bool = False
     value: Any = None
     error: BaseException | None = None
+    detail: Any = None  # what the front end tells the log (a response's body, quota)
 
     def result(self) -> Any:
         """The attempt's value, or its exception raised."""
@@ -113,6 +115,7 @@ class Notice(NamedTuple):
     retry: Retry | GiveUp
     failure: RetryFailure | None
     elapsed: float
+    detail: Any = None
 
 
 class Finish(NamedTuple):
@@ -207,7 +210,9 @@ class Conversation:
                         if last is None:
                             return Finish(None, None, sent, permit)
                         give_up = GiveUp(GiveUpReason.CIRCUIT_OPEN, permit.remaining)
-                        yield GIVE_UP, Notice(sent, give_up, last.failure, now - self.started_at)
+                        elapsed = now - self.started_at
+                        notice = Notice(sent, give_up, last.failure, elapsed, last.detail)
+                        yield GIVE_UP, notice
                         return Finish(last, give_up, sent, permit)
                 outcome, now = yield SEND, None
                 if permit is not None:
@@ -232,9 +237,11 @@ class Conversation:
                 action = GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
             if isinstance(action, GiveUp):
                 if action.reason is not GiveUpReason.NOT_RETRYABLE or state.attempts > 1:
-                    yield GIVE_UP, Notice(state.attempts, action, failure, now - state.started_at)
+                    elapsed = now - state.started_at
+                    yield GIVE_UP, Notice(state.attempts, action, failure, elapsed, outcome.detail)
                 return Finish(outcome, action, state.attempts)
-            yield NOTIFY, Notice(state.attempts, action, failure, now - state.started_at)
+            elapsed = now - state.started_at
+            yield NOTIFY, Notice(state.attempts, action, failure, elapsed, outcome.detail)
             self.state = state.after_wait(action.wait)
             if outcome.value is not None:
                 yield DISCARD, outcome
