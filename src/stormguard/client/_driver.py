@@ -287,19 +287,32 @@ class Run:
         policy = conversation.policy
         return policy.breaker is None and policy.budget is None and not conversation.paced
 
-    def advance(self, reply: Any = None) -> bool:
-        """Perform effects until the machine asks for an attempt (True) or ends (False)."""
+    def _next(self, reply: Any) -> tuple[str | None, Any]:
+        """The machine's next effect for a driver (None: it ended), after telling
+        hooks and the log whatever it asks to tell (the same for both drivers)."""
         steps = self.steps
         assert steps is not None
-        policy = self.conversation.policy
         while True:
             try:
                 effect, arg = steps.send(reply)
             except StopIteration as stop:
                 self.finish = stop.value
-                return False
-            if effect is SEND:
-                return True
+                return None, None
+            reply = None
+            if effect is NOTIFY:
+                self._engine.notify(arg, self.target)
+            elif effect is GIVE_UP:
+                self._engine.gave_up(arg, self.target)
+            else:
+                return effect, arg
+
+    def advance(self, reply: Any = None) -> bool:
+        """Perform effects until the machine asks for an attempt (True) or ends (False)."""
+        policy = self.conversation.policy
+        while True:
+            effect, arg = self._next(reply)
+            if effect is SEND or effect is None:
+                return effect is SEND
             if effect is ADMIT:
                 try:
                     reply = self.permit = policy.breaker.acquire()
@@ -320,16 +333,11 @@ class Run:
                 reply = 0.0 if peek is None else peek()
             elif effect is SPEND:
                 reply = policy.budget.try_retry()
-            elif effect is NOTIFY:
-                self._engine.notify(arg, self.target)
-                reply = None
             elif effect is DISCARD:
                 if self._discard is not None:
                     self._discard[0](arg)
                 reply = None
-            elif effect is GIVE_UP:
-                self._engine.gave_up(arg, self.target)
-                reply = None
+
             else:
                 assert effect is PACE and self._pace is not None
                 limit = self.conversation.pace_limit(self._engine.clock.monotonic())
@@ -367,17 +375,11 @@ class Run:
     async def aadvance(self, reply: Any = None) -> bool:
         """Async twin of :meth:`advance` (a duck-typed object without async forms is
         called synchronously)."""
-        steps = self.steps
-        assert steps is not None
         policy = self.conversation.policy
         while True:
-            try:
-                effect, arg = steps.send(reply)
-            except StopIteration as stop:
-                self.finish = stop.value
-                return False
-            if effect is SEND:
-                return True
+            effect, arg = self._next(reply)
+            if effect is SEND or effect is None:
+                return effect is SEND
             if effect is ADMIT:
                 try:
                     reply = self.permit = await _twin(policy.breaker, "acquire")
@@ -396,16 +398,11 @@ class Run:
                 reply = await _twin(policy.breaker, "open_remaining") if has_peek else 0.0
             elif effect is SPEND:
                 reply = bool(await _twin(policy.budget, "try_retry"))
-            elif effect is NOTIFY:
-                self._engine.notify(arg, self.target)
-                reply = None
             elif effect is DISCARD:
                 if self._discard is not None:
                     await self._discard[1](arg)
                 reply = None
-            elif effect is GIVE_UP:
-                self._engine.gave_up(arg, self.target)
-                reply = None
+
             else:
                 assert effect is PACE and self._pace is not None
                 limit = self.conversation.pace_limit(self._engine.clock.monotonic())
