@@ -338,3 +338,33 @@ def test_retry_if_true_retries_a_409_on_get(kind: str) -> None:
 
     decorator = retry(retry_if=retry_if, backoff=Constant(0, 0), clock=FakeClock())
     assert run_sync_or_async(kind, decorator, flaky) == "done" and flaky.calls == 2
+
+
+@KINDS
+def test_giving_up_is_logged_once_with_the_reason(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attempts exhausted: two INFO retry lines, then one WARNING give-up line."""
+    flaky = Flaky(*[ConnectionError("down")] * 3)
+    decorator = retry(on=ConnectionError, attempts=3, backoff=Constant(0, 0), clock=FakeClock())
+    with caplog.at_level(logging.INFO, logger="stormguard"), pytest.raises(RetryError):
+        run_sync_or_async(kind, decorator, flaky)
+    levels = [r.levelno for r in caplog.records if r.name == "stormguard"]
+    assert levels == [logging.INFO, logging.INFO, logging.WARNING]
+    last = caplog.records[-1]
+    assert "attempts exhausted" in last.getMessage()
+    assert last.stormguard["attempts"] == 3  # type: ignore[attr-defined]
+
+
+def test_a_final_failure_on_the_first_attempt_is_not_a_give_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failure the table never retries, on the first attempt, logs nothing."""
+    request = httpx.Request("POST", "https://api.example/pay")
+    error = httpx.HTTPStatusError(
+        "502", request=request, response=httpx.Response(502, request=request)
+    )
+    decorator = retry(clock=FakeClock())
+    with caplog.at_level(logging.INFO, logger="stormguard"), pytest.raises(RetryError):
+        run_sync_or_async("sync", decorator, Flaky(error))
+    assert [r for r in caplog.records if r.name == "stormguard"] == []

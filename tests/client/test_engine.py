@@ -143,7 +143,7 @@ def test_spent_budget_ends_the_call() -> None:
     effects, finish = play(
         conversation(budget=Budget()), {"send": [(failed, 1.0)], "spend": [False]}
     )
-    assert effects == ["count", "send", "spend"]
+    assert effects == ["count", "send", "spend", "give up"]
     assert finish.give_up is not None and finish.give_up.reason == GiveUpReason.BUDGET_EXHAUSTED
 
 

@@ -446,3 +446,102 @@ def test_retry_if_keyword_on_the_adapters(server: ScriptedServer, adapter: str) 
             )
             status = session.get(server.url, timeout=10).status_code
     assert status == 200 and len(server.received) == 2
+
+
+def test_giving_up_is_logged_once_at_warning(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retry-After: 86400 -> one WARNING give-up line with the reason, status and hint."""
+    server.script(Step(429, {"Retry-After": "86400"}))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        result = send(server.url + "/x?api_key=secret", policy=FAST, clock=FakeClock())
+    assert result.status == 429
+    warnings = [r for r in caplog.records if r.name == "stormguard"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    message = warnings[0].getMessage()
+    assert "hint too long" in message and "status 429" in message and "secret" not in message
+    fields = warnings[0].stormguard  # type: ignore[attr-defined]
+    assert fields["event"] == "give_up" and fields["reason"] == "hint too long"
+    assert fields["attempts"] == 1 and fields["hint"] == 86400.0
+
+
+def test_retry_records_travel_as_structured_fields(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each retry line carries extra={'stormguard': {...}} with stable field names."""
+    server.script(Step(503), Step(200))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        send(server.url, policy=FAST, clock=FakeClock())
+    (record,) = [r for r in caplog.records if r.name == "stormguard"]
+    fields = record.stormguard  # type: ignore[attr-defined]
+    assert set(fields) == {
+        "event",
+        "attempt",
+        "wait",
+        "reason",
+        "hint_used",
+        "hint",
+        "elapsed",
+        "target",
+        "body",
+        "quota",
+    }
+    assert fields["event"] == "retry" and fields["reason"] == "status 503"
+
+
+LIMIT_BODY = b'{"message": "API rate limit exceeded for user ID 42."}'
+GITHUB_LIMIT = {
+    "Retry-After": "1",
+    "Content-Type": "application/json",
+    "X-RateLimit-Limit": "5000",
+    "X-RateLimit-Remaining": "0",
+    "X-RateLimit-Resource": "core",
+    "X-RateLimit-Reset-After": "1",
+}
+
+
+def test_the_retry_line_names_the_limit_from_the_body_and_the_quota(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """429 + Retry-After + a JSON body naming the limit: the INFO line and record carry both."""
+    server.script(Step(429, GITHUB_LIMIT, body=LIMIT_BODY), Step(200))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        result = send(server.url, policy=FAST, clock=FakeClock())
+    assert result.status == 200
+    (record,) = result.records
+    assert record.body is not None and "rate limit exceeded for user ID 42" in record.body
+    assert record.quota is not None and record.quota.remaining == 0
+    assert record.quota.limit == 5000
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "stormguard"]
+    assert "API rate limit exceeded for user ID 42" in line and "0/5000" in line
+
+
+def test_the_give_up_line_carries_the_body(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retry-After: 86400 with a body: one WARNING line that quotes the body."""
+    server.script(Step(429, {**GITHUB_LIMIT, "Retry-After": "86400"}, body=LIMIT_BODY))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        send(server.url, policy=FAST, clock=FakeClock())
+    (record,) = [r for r in caplog.records if r.name == "stormguard"]
+    assert record.levelno == logging.WARNING
+    assert "user ID 42" in record.getMessage()
+    assert "user ID 42" in record.stormguard["body"]  # type: ignore[attr-defined]
+
+
+def test_credentials_never_reach_a_record(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An Authorization header and an ?api_key= value appear in no log record or hook record."""
+    server.script(Step(429, GITHUB_LIMIT, body=LIMIT_BODY), Step(429, {"Retry-After": "86400"}))
+    with caplog.at_level(logging.DEBUG, logger="stormguard"):
+        result = send(
+            server.url + "/v1?api_key=sk-secret-1",
+            policy=FAST,
+            clock=FakeClock(),
+            headers={"Authorization": "Bearer tok-secret-2"},
+        )
+    texts = [r.getMessage() + repr(r.__dict__) for r in caplog.records] + [
+        repr(r) for r in result.records
+    ]
+    assert texts and not any("secret" in text for text in texts)

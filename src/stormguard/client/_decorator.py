@@ -267,6 +267,11 @@ def retry(
     ``__cause__``) — or, with ``reraise=True``, the last exception itself.
     Exceptions not matched by ``on`` propagate unchanged at once. Pass a ready
     :class:`RetryPolicy` as ``policy=`` instead of its fields.
+
+    The ``stormguard`` logger says INFO for each retry and WARNING once when a
+    call gives up; each record carries ``extra={"stormguard": {...}}`` (``event``
+    ``"retry"`` or ``"give_up"``, ``target``, ``reason``, ``hint``, ``elapsed`` …)
+    for structured log formatters. ``on_retry`` hooks get a :class:`RetryRecord`.
     """
     config = configure(
         on=on,

@@ -12,11 +12,12 @@
 # for front ends that cannot hand over a callable (retrying()'s `with attempt:`).
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen
@@ -24,6 +25,7 @@ from ..core._engine import (
     ADMIT,
     COUNT,
     DISCARD,
+    GIVE_UP,
     NOTIFY,
     PACE,
     PEEK,
@@ -37,9 +39,10 @@ from ..core._engine import (
     Outcome,
     Steps,
 )
-from ..core._policy import RetryPolicy
+from ..core._policy import GiveUp, Retry, RetryPolicy
+from ..core._ratelimit_headers import Quota
 
-__all__ = ["Engine", "RetryHook", "RetryRecord", "Run", "logger"]
+__all__ = ["Detail", "Engine", "RetryHook", "RetryRecord", "Run", "describe_quota", "logger"]
 
 logger = logging.getLogger("stormguard")
 
@@ -52,7 +55,10 @@ class RetryRecord:
     seconds slept before the next one; ``reason`` why the attempt failed;
     ``hint_used`` whether ``wait`` came from the server (``hint``) rather than the
     backoff; ``elapsed`` seconds since the call started; ``target`` what was
-    called (``"GET https://api/x"`` or a function's qualified name).
+    called (``"GET https://api/x"`` or a function's qualified name). For a failed
+    HTTP response, ``body`` is an excerpt of the (small 429/503) body the server
+    sent, where APIs say which limit was hit, and ``quota`` the exhausted quota
+    its headers named (``None`` when there was none).
     """
 
     attempt: int
@@ -62,6 +68,38 @@ class RetryRecord:
     hint: float | None
     elapsed: float
     target: str
+    body: str | None = None
+    quota: Quota | None = None
+
+
+class Detail(NamedTuple):
+    """What an HTTP front end tells with a retry or a give-up: body excerpt, quota."""
+
+    body: str | None
+    quota: Quota | None
+
+
+def describe_quota(quota: Quota) -> str:
+    """``"quota core 0/5000, resets in 312 s"``: a quota as a log line says it."""
+    text = "quota" if quota.name is None else f"quota {quota.name}"
+    if quota.remaining is not None or quota.limit is not None:
+        remaining = "?" if quota.remaining is None else f"{quota.remaining:g}"
+        limit = "?" if quota.limit is None else f"{quota.limit:g}"
+        text += f" {remaining}/{limit}"
+    if quota.reset_after is not None:
+        text += f", resets in {quota.reset_after:.0f} s"
+    return text
+
+
+def _detail_text(detail: Any) -> str:
+    if not isinstance(detail, Detail):
+        return ""
+    text = ""
+    if detail.quota is not None:
+        text += f"; {describe_quota(detail.quota)}"
+    if detail.body:
+        text += f"; body: {detail.body}"
+    return text
 
 
 RetryHook = Callable[[RetryRecord], None]
@@ -110,6 +148,8 @@ class Engine:
     def notify(self, notice: Notice, target: Target) -> None:
         """Tell the hooks and the ``stormguard`` logger about a retry."""
         retry, failure = notice.retry, notice.failure
+        assert isinstance(retry, Retry) and failure is not None
+        detail = notice.detail if isinstance(notice.detail, Detail) else Detail(None, None)
         record = RetryRecord(
             attempt=notice.attempt,
             wait=retry.wait,
@@ -118,19 +158,56 @@ class Engine:
             hint=failure.hint,
             elapsed=notice.elapsed,
             target=target if isinstance(target, str) else target(),
+            body=detail.body,
+            quota=detail.quota,
         )
         if logger.isEnabledFor(logging.INFO):
+            fields = {"event": "retry", **dataclasses.asdict(record)}
             logger.info(
-                "retrying %s: attempt %d failed (%s); waiting %.3fs%s",
+                "retrying %s: attempt %d failed (%s); waiting %.3fs%s%s",
                 record.target,
                 record.attempt,
                 record.reason,
                 record.wait,
                 " as the server asked" if record.hint_used else "",
-                extra={"stormguard_retry": record},
+                _detail_text(detail),
+                extra={"stormguard": fields, "stormguard_retry": record},
             )
         for hook in self.hooks:
             hook(record)
+
+    def gave_up(self, notice: Notice, target: Target) -> None:
+        """Log, once per call, at WARNING, that a call gave up and why."""
+        if not logger.isEnabledFor(logging.WARNING):
+            return
+        give_up, failure = notice.retry, notice.failure
+        assert isinstance(give_up, GiveUp)
+        fields = {
+            "event": "give_up",
+            "target": target if isinstance(target, str) else target(),
+            "attempts": notice.attempt,
+            "reason": str(give_up.reason),
+            "last_failure": None if failure is None else failure.reason,
+            "hint": give_up.hint,
+            "elapsed": notice.elapsed,
+            "body": None,
+            "quota": None,
+        }
+        detail = notice.detail
+        if isinstance(detail, Detail):
+            fields["body"] = detail.body
+            fields["quota"] = None if detail.quota is None else dataclasses.asdict(detail.quota)
+        logger.warning(
+            "giving up on %s after %d attempt%s: %s (last: %s)%s%s",
+            fields["target"],
+            notice.attempt,
+            "" if notice.attempt == 1 else "s",
+            fields["reason"],
+            fields["last_failure"],
+            "" if give_up.hint is None else f"; the server asked to wait {give_up.hint:.3f}s",
+            _detail_text(detail),
+            extra={"stormguard": fields},
+        )
 
 
 class Run:
@@ -210,19 +287,32 @@ class Run:
         policy = conversation.policy
         return policy.breaker is None and policy.budget is None and not conversation.paced
 
-    def advance(self, reply: Any = None) -> bool:
-        """Perform effects until the machine asks for an attempt (True) or ends (False)."""
+    def _next(self, reply: Any) -> tuple[str | None, Any]:
+        """The machine's next effect for a driver (None: it ended), after telling
+        hooks and the log whatever it asks to tell (the same for both drivers)."""
         steps = self.steps
         assert steps is not None
-        policy = self.conversation.policy
         while True:
             try:
                 effect, arg = steps.send(reply)
             except StopIteration as stop:
                 self.finish = stop.value
-                return False
-            if effect is SEND:
-                return True
+                return None, None
+            reply = None
+            if effect is NOTIFY:
+                self._engine.notify(arg, self.target)
+            elif effect is GIVE_UP:
+                self._engine.gave_up(arg, self.target)
+            else:
+                return effect, arg
+
+    def advance(self, reply: Any = None) -> bool:
+        """Perform effects until the machine asks for an attempt (True) or ends (False)."""
+        policy = self.conversation.policy
+        while True:
+            effect, arg = self._next(reply)
+            if effect is SEND or effect is None:
+                return effect is SEND
             if effect is ADMIT:
                 try:
                     reply = self.permit = policy.breaker.acquire()
@@ -243,13 +333,11 @@ class Run:
                 reply = 0.0 if peek is None else peek()
             elif effect is SPEND:
                 reply = policy.budget.try_retry()
-            elif effect is NOTIFY:
-                self._engine.notify(arg, self.target)
-                reply = None
             elif effect is DISCARD:
                 if self._discard is not None:
                     self._discard[0](arg)
                 reply = None
+
             else:
                 assert effect is PACE and self._pace is not None
                 limit = self.conversation.pace_limit(self._engine.clock.monotonic())
@@ -287,17 +375,11 @@ class Run:
     async def aadvance(self, reply: Any = None) -> bool:
         """Async twin of :meth:`advance` (a duck-typed object without async forms is
         called synchronously)."""
-        steps = self.steps
-        assert steps is not None
         policy = self.conversation.policy
         while True:
-            try:
-                effect, arg = steps.send(reply)
-            except StopIteration as stop:
-                self.finish = stop.value
-                return False
-            if effect is SEND:
-                return True
+            effect, arg = self._next(reply)
+            if effect is SEND or effect is None:
+                return effect is SEND
             if effect is ADMIT:
                 try:
                     reply = self.permit = await _twin(policy.breaker, "acquire")
@@ -316,13 +398,11 @@ class Run:
                 reply = await _twin(policy.breaker, "open_remaining") if has_peek else 0.0
             elif effect is SPEND:
                 reply = bool(await _twin(policy.budget, "try_retry"))
-            elif effect is NOTIFY:
-                self._engine.notify(arg, self.target)
-                reply = None
             elif effect is DISCARD:
                 if self._discard is not None:
                     await self._discard[1](arg)
                 reply = None
+
             else:
                 assert effect is PACE and self._pace is not None
                 limit = self.conversation.pace_limit(self._engine.clock.monotonic())

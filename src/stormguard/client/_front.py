@@ -14,8 +14,9 @@ from .._clock import SYSTEM_CLOCK, Clock
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
+from ..core._ratelimit_headers import Quota, parse_rate_limits
 from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
-from ._driver import Engine, RetryHook, Run
+from ._driver import Detail, Engine, RetryHook, Run
 from ._driver import _twin as twin
 from ._http import (
     IDEMPOTENCY_KEY,
@@ -47,6 +48,30 @@ def with_retry_if(policy: RetryPolicy | None, retry_if: Any) -> RetryPolicy:
     """``policy`` (default ``RetryPolicy()``) with an adapter's ``retry_if`` keyword, if given."""
     policy = policy if policy is not None else RetryPolicy()
     return policy if retry_if is None else policy.replace(retry_if=retry_if)
+
+
+# A response body in a log line or record is cut here (the body itself is read
+# only when small: 429/503 up to 64 KiB, for wait hints).
+BODY_EXCERPT = 4096
+
+
+def excerpt(body: bytes | None, limit: int = BODY_EXCERPT) -> str | None:
+    """A failed response's body for the log: decoded leniently, cut past ``limit``."""
+    if not body:
+        return None
+    text = body[: limit * 4].decode("utf-8", errors="replace")
+    if len(text) > limit or len(body) > limit * 4:
+        return text[:limit] + f"… [{len(body)} bytes in all]"
+    return text
+
+
+def exhausted_quota(pairs: list[tuple[str, str]], wall_now: float) -> Quota | None:
+    """The quota the response's rate-limit headers say is used up, if any."""
+    try:
+        quotas = parse_rate_limits(pairs, now=wall_now)
+    except Exception:  # a hostile header never breaks a request
+        return None
+    return next((quota for quota in quotas if quota.remaining == 0), None)
 
 
 def one_shot(failure: RetryFailure) -> RetryFailure:
@@ -303,23 +328,27 @@ class HttpCall:
             observation = (status, front.pairs(headers), None)
         if status < 400:
             return _success(response), observation
+        pairs = front.pairs(headers) if observation is None else observation[1]
+        wall_now = front.clock.time()
         failure = response_failure(
             self.lane.policy,
             status,
-            front.pairs(headers) if observation is None else observation[1],
+            pairs,
             method=self.method.upper(),
             has_key=self.has_key,
-            wall_now=front.clock.time(),
+            wall_now=wall_now,
             body=body,
             content_type=headers.get("content-type"),
             subject=response,
         )
-        if failure is not None:
-            if observation is not None:  # the guard reuses the hint parsed here
-                observation = (status, observation[1], failure.hint)
-            if not self.replayable:
-                failure = one_shot(failure)
-        return Outcome(failure, status >= 500, response), observation
+        if failure is None:
+            return Outcome(None, status >= 500, response), observation
+        if observation is not None:  # the guard reuses the hint parsed here
+            observation = (status, observation[1], failure.hint)
+        if not self.replayable:
+            failure = one_shot(failure)
+        detail = Detail(excerpt(body), exhausted_quota(pairs, wall_now))
+        return Outcome(failure, status >= 500, response, None, detail), observation
 
     def error(self, kind: Failure, exc: Exception) -> Outcome:
         """A transport error as the attempt's Outcome (FINAL ones end the call)."""
@@ -332,8 +361,12 @@ class HttpCall:
 
 
 def _success(response: Any) -> Outcome:
-    # Outcome(None, False, response) without NamedTuple's Python-level __new__.
-    return tuple.__new__(Outcome, (None, False, response, None))
+    # Outcome(None, False, response) without NamedTuple's Python-level __new__;
+    # every later field keeps its default.
+    return tuple.__new__(Outcome, (None, False, response, *_DEFAULTS_AFTER_VALUE))
+
+
+_DEFAULTS_AFTER_VALUE = tuple(Outcome(None)[3:])
 
 
 # The first attempt, lean. The engine's order for a first attempt is COUNT, PACE

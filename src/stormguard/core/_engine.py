@@ -17,6 +17,8 @@
 #   NOTIFY    tells hooks and the log (arg: a Notice)           None
 #   DISCARD   has the front end drop a failed attempt's value   None
 #             (closes a response before the wait; arg: Outcome)
+#   GIVE_UP   tells hooks and the log the call gave up          None
+#             (arg: a Notice whose retry is the GiveUp)
 #   SLEEP     waits (arg: seconds)                              None
 #
 # The order, written once here:
@@ -32,6 +34,9 @@
 #     PEEK (if a breaker): open longer than the wait           -> Finish(CIRCUIT_OPEN)
 #     SPEND (if a budget): refused                             -> Finish(BUDGET_EXHAUSTED)
 #     NOTIFY; DISCARD (if the attempt returned a value); SLEEP
+#   every GiveUp is told once (GIVE_UP) before the Finish, except a failure the
+#   table never retries on the first attempt (that is the call's answer, not a
+#   retry that gave up) and a refusal of the first attempt (the caller sees it).
 #
 # The machine reads no clock (SEND's answer carries `now`), never sleeps and never
 # calls a breaker, budget or store: it cannot pick a sync call where an async one
@@ -51,6 +56,7 @@ __all__ = [
     "ADMIT",
     "COUNT",
     "DISCARD",
+    "GIVE_UP",
     "NOTIFY",
     "PACE",
     "PEEK",
@@ -75,6 +81,7 @@ SPEND: Final = "spend"
 NOTIFY: Final = "notify"
 SLEEP: Final = "sleep"
 DISCARD: Final = "discard"
+GIVE_UP: Final = "give up"
 
 
 class Outcome(NamedTuple):
@@ -83,13 +90,15 @@ class Outcome(NamedTuple):
     ``failure`` is ``None`` when the attempt ends the call as it is (a success, a
     final answer, an exception not ours to retry). ``against_server`` says whether
     a breaker counts it as the upstream failing. ``value`` is what the attempt
-    returned (a response, a result), ``error`` what it raised.
+    returned (a response, a result), ``error`` what it raised; ``detail`` what the
+    front end wants told with a retry or a give-up (opaque to the machine).
     """
 
     failure: RetryFailure | None
     against_server: bool = False
     value: Any = None
     error: BaseException | None = None
+    detail: Any = None  # what the front end tells the log (a response's body, quota)
 
     def result(self) -> Any:
         """The attempt's value, or its exception raised."""
@@ -99,12 +108,14 @@ class Outcome(NamedTuple):
 
 
 class Notice(NamedTuple):
-    """A retry about to happen: the attempt that failed, why, and the wait chosen."""
+    """A retry about to happen (``retry``: the wait chosen), or the call giving up
+    (``retry`` is the GiveUp): the attempt that failed and why."""
 
     attempt: int
-    retry: Retry
-    failure: RetryFailure
+    retry: Retry | GiveUp
+    failure: RetryFailure | None
     elapsed: float
+    detail: Any = None
 
 
 class Finish(NamedTuple):
@@ -184,6 +195,7 @@ class Conversation:
             yield COUNT, None
         pending = first
         last: Outcome | None = None
+        now = self.started_at  # when the last attempt ended
         while True:
             if pending is None:
                 if self.paced:
@@ -198,6 +210,9 @@ class Conversation:
                         if last is None:
                             return Finish(None, None, sent, permit)
                         give_up = GiveUp(GiveUpReason.CIRCUIT_OPEN, permit.remaining)
+                        elapsed = now - self.started_at
+                        notice = Notice(sent, give_up, last.failure, elapsed, last.detail)
+                        yield GIVE_UP, notice
                         return Finish(last, give_up, sent, permit)
                 outcome, now = yield SEND, None
                 if permit is not None:
@@ -221,8 +236,12 @@ class Conversation:
             if isinstance(action, Retry) and budget is not None and not (yield SPEND, None):
                 action = GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
             if isinstance(action, GiveUp):
+                if action.reason is not GiveUpReason.NOT_RETRYABLE or state.attempts > 1:
+                    elapsed = now - state.started_at
+                    yield GIVE_UP, Notice(state.attempts, action, failure, elapsed, outcome.detail)
                 return Finish(outcome, action, state.attempts)
-            yield NOTIFY, Notice(state.attempts, action, failure, now - state.started_at)
+            elapsed = now - state.started_at
+            yield NOTIFY, Notice(state.attempts, action, failure, elapsed, outcome.detail)
             self.state = state.after_wait(action.wait)
             if outcome.value is not None:
                 yield DISCARD, outcome
