@@ -98,11 +98,13 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
-    def _channel(self, upstream: GrpcUpstream) -> grpc.aio.Channel:
-        channel = self._channels.get(upstream.name)
+    def channel(self, name: str) -> grpc.aio.Channel:
+        """The channel to upstream ``name`` (opened on first use)."""
+        upstream = self.upstreams[name]
+        channel = self._channels.get(name)
         if channel is None:
             channel = grpc.aio.insecure_channel(upstream.target, options=_channel_options(upstream))
-            self._channels[upstream.name] = channel
+            self._channels[name] = channel
         return channel
 
     async def close(self) -> None:
@@ -218,7 +220,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[bytes, bytes],
         metadata: MetadataPairs,
     ) -> Forwarded:
-        channel = self._channel(upstream)
+        channel = self.channel(upstream.name)
         budget = upstream.budget
         if budget is not None:
             await budget.arecord_request()
@@ -261,19 +263,19 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[bytes, bytes],
     ) -> bool:
         # Wait (bounded by connect_timeout and the client's deadline) for the whole
-        # request and for the upstream to be reachable; then pay from the budget.
+        # request; pay from the budget; wait for the upstream to be reachable.
         remaining = context.time_remaining()
-        wait = (
-            upstream.connect_timeout
-            if remaining is None
-            else min(remaining, upstream.connect_timeout)
-        )
+        wait = upstream.connect_timeout
+        if remaining is not None:
+            wait = min(remaining, wait)
         try:
             async with asyncio.timeout(wait):
                 await pump.settled.wait()
                 if not pump.replayable:
                     return False
+                if upstream.budget is not None and not await upstream.budget.atry_retry():
+                    return False
                 await channel.channel_ready()
         except TimeoutError:
             return False
-        return upstream.budget is None or await upstream.budget.atry_retry()
+        return True

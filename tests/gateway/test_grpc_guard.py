@@ -1,0 +1,269 @@
+"""The gateway's gRPC leg protecting upstreams: limits, breaker, bulkhead, retries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import grpc.aio
+import pytest
+from test_grpc_support import RETRY_POLICY, SERVICE, Upstream, free_port, messages, trailer
+
+from stormguard import AsyncRateLimiter, Bulkhead, CircuitBreaker, RetryBudget, TokenBucket
+from stormguard.gateway._grpc_gateway import PUSHBACK
+from stormguard.gateway._grpc_routes import GrpcLimit, GrpcRoute, GrpcUpstream, RefuseWith
+from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
+from stormguard.stores import MemoryStore
+from stormguard.testing import FakeClock
+
+UNARY = f"/{SERVICE}/Unary"
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    """The raw-bytes upstream on a free loopback port."""
+    server = await Upstream().start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class Gateway:
+    """Starts proxies for a test and stops them all at its end."""
+
+    def __init__(self) -> None:
+        self.servers: list[GrpcProxyServer] = []
+
+    async def start(
+        self,
+        upstream: GrpcUpstream,
+        *,
+        limits: Sequence[GrpcLimit] = (),
+        refuse_with: RefuseWith = "unavailable",
+        client_keys: Sequence[str] = ("header:x-api-key", "ip"),
+    ) -> GrpcProxyServer:
+        """A proxy routing ``test.Echo`` to ``upstream`` with ``limits``."""
+        server = await start_grpc_proxy(
+            "127.0.0.1:0",
+            routes=[GrpcRoute(SERVICE, upstream.name, tuple(limits), refuse_with)],
+            upstreams=[upstream],
+            client_keys=client_keys,
+        )
+        self.servers.append(server)
+        return server
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[Gateway]:
+    """Proxies started by the test, stopped after it."""
+    holder = Gateway()
+    try:
+        yield holder
+    finally:
+        for server in holder.servers:
+            await server.stop(None)
+
+
+def per_client(clock: FakeClock | None, *, rate: float = 1, name: str = "per-client") -> GrpcLimit:
+    """A one-call burst per client refilling at ``rate`` per second."""
+    store = MemoryStore(clock=clock)
+    limiter = AsyncRateLimiter(TokenBucket(rate, 1), store, name=name, clock=clock)
+    return GrpcLimit(name, limiter, "client")
+
+
+async def unary(server: GrpcProxyServer, payload: bytes = b"a", key: str | None = None) -> bytes:
+    """One unary call through ``server`` (``key`` as x-api-key)."""
+    metadata = (("x-api-key", key),) if key else None
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
+        result: bytes = await chan.unary_unary(UNARY)(payload, metadata=metadata, timeout=20)
+        return result
+
+
+async def refused(server: GrpcProxyServer, key: str | None = None) -> grpc.aio.AioRpcError:
+    """The error of a unary call expected to fail."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await unary(server, key=key)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("refuse_with", "code"),
+    [
+        ("unavailable", grpc.StatusCode.UNAVAILABLE),
+        ("resource_exhausted", grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ],
+)
+async def test_over_the_limit_is_refused_with_pushback(
+    gateway: Gateway,
+    upstream: Upstream,
+    clock: FakeClock,
+    refuse_with: RefuseWith,
+    code: grpc.StatusCode,
+) -> None:
+    """Over a limit: the route's code and a pushback trailer of the limiter's wait."""
+    server = await gateway.start(
+        GrpcUpstream("echo", upstream.target), limits=[per_client(clock)], refuse_with=refuse_with
+    )
+    assert await unary(server) == b"echo:a"
+    error = await refused(server)
+    assert error.code() is code
+    assert trailer(error.trailing_metadata(), PUSHBACK) == "1000"
+    assert len(upstream.seen) == 1
+    assert server.stats[SERVICE] == {"allowed": 1, "limited:per-client": 1}
+
+
+async def test_clients_are_limited_by_key_then_by_ip(
+    gateway: Gateway, upstream: Upstream, clock: FakeClock
+) -> None:
+    """x-api-key names the client when present, the peer ip otherwise; quotas are separate."""
+    server = await gateway.start(GrpcUpstream("echo", upstream.target), limits=[per_client(clock)])
+    await unary(server, key="k1")
+    assert (await refused(server, key="k1")).code() is grpc.StatusCode.UNAVAILABLE
+    assert await unary(server, key="k2") == b"echo:a"
+    assert await unary(server) == b"echo:a"  # by ip
+    assert (await refused(server)).code() is grpc.StatusCode.UNAVAILABLE
+    assert server.stats[SERVICE] == {"allowed": 3, "limited:per-client": 2}
+
+
+async def test_global_limit_is_shared_by_every_client(
+    gateway: Gateway, upstream: Upstream, clock: FakeClock
+) -> None:
+    """A ``per: global`` limit counts all clients together."""
+    limit = per_client(clock, name="global")
+    server = await gateway.start(
+        GrpcUpstream("echo", upstream.target), limits=[GrpcLimit("global", limit.limiter, "global")]
+    )
+    await unary(server, key="k1")
+    error = await refused(server, key="k2")
+    assert trailer(error.trailing_metadata(), PUSHBACK) == "1000"
+    assert server.stats[SERVICE]["limited:global"] == 1
+
+
+async def test_grpcio_retry_policy_waits_the_pushback_and_succeeds(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """A grpcio client with a retryPolicy (30 s backoff) retries after the 200 ms pushback."""
+    server = await gateway.start(
+        GrpcUpstream("echo", upstream.target), limits=[per_client(None, rate=5)]
+    )
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY_POLICY)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=options) as chan:
+        method = chan.unary_unary(UNARY)
+        assert await method(b"first", timeout=20) == b"echo:first"
+        assert await method(b"second", timeout=20) == b"echo:second"
+    assert [seen.requests for seen in upstream.seen] == [[b"first"], [b"second"]]
+    stats = server.stats[SERVICE]
+    assert stats["allowed"] == 2
+    assert stats["limited:per-client"] >= 1
+
+
+async def test_killed_upstream_opens_the_breaker_and_calls_fail_fast(
+    gateway: Gateway, upstream: Upstream, clock: FakeClock
+) -> None:
+    """Upstream gone: its UNAVAILABLEs open the breaker; then UNAVAILABLE + pushback, no call."""
+    breaker = CircuitBreaker(min_calls=2, failure_rate=0.5, open_for=5, jitter=0, clock=clock)
+    server = await gateway.start(GrpcUpstream("echo", upstream.target, breaker=breaker))
+    assert await unary(server) == b"echo:a"
+    await upstream.stop()
+    error = await refused(server)  # forwarded: the upstream's connect failure
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailer(error.trailing_metadata(), PUSHBACK) is None
+    assert breaker.state == "open"  # 1 of 2 calls failed: rate 0.5
+    for _ in range(3):
+        error = await refused(server)
+        assert error.code() is grpc.StatusCode.UNAVAILABLE
+        assert trailer(error.trailing_metadata(), PUSHBACK) == "5000"
+    assert server.stats[SERVICE] == {"allowed": 2, "breaker_open": 3}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ],
+)
+async def test_caller_errors_do_not_open_the_breaker(
+    gateway: Gateway, upstream: Upstream, clock: FakeClock, code: grpc.StatusCode
+) -> None:
+    """Caller errors pass through and leave the breaker closed."""
+    breaker = CircuitBreaker(min_calls=2, failure_rate=0.5, clock=clock)
+    server = await gateway.start(GrpcUpstream("echo", upstream.target, breaker=breaker))
+    for _ in range(3):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await unary(server, f"fail:{code.name}".encode())
+        assert caught.value.code() is code
+    assert breaker.state == "closed"
+
+
+async def test_upstream_unavailable_counts_for_the_breaker(
+    gateway: Gateway, upstream: Upstream, clock: FakeClock
+) -> None:
+    """UNAVAILABLE and DEADLINE_EXCEEDED answered by the upstream are breaker failures."""
+    breaker = CircuitBreaker(min_calls=2, failure_rate=0.5, jitter=0, clock=clock)
+    server = await gateway.start(GrpcUpstream("echo", upstream.target, breaker=breaker))
+    for code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await unary(server, f"fail:{code}".encode())
+    assert breaker.state == "open"
+
+
+async def test_full_bulkhead_refuses_with_pushback(gateway: Gateway, upstream: Upstream) -> None:
+    """With every slot taken, a call is refused UNAVAILABLE + pushback without reaching upstream."""
+    server = await gateway.start(GrpcUpstream("echo", upstream.target, bulkhead=Bulkhead(1)))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
+        hanging = chan.unary_unary(UNARY)(b"hang", timeout=20)
+        await asyncio.wait_for(upstream.hanging.wait(), 10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await chan.unary_unary(UNARY)(b"b", timeout=20)
+        hanging.cancel()
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailer(caught.value.trailing_metadata(), PUSHBACK) == "1000"
+    assert [seen.requests for seen in upstream.seen] == [[b"hang"]]
+    assert server.stats[SERVICE]["bulkhead_full"] == 1
+
+
+async def test_call_that_never_reached_the_upstream_is_retried(gateway: Gateway) -> None:
+    """A unary call refused at connect is sent again once the upstream is up (budget paid)."""
+    port = free_port()
+    budget = RetryBudget(ratio=0.0, min_per_second=0.1, window=10)
+    upstream = GrpcUpstream(
+        "echo", f"grpc://127.0.0.1:{port}", attempts=2, connect_timeout=15, budget=budget
+    )
+    server = await gateway.start(upstream)
+    channel = server.gateway.channel("echo")
+    call = asyncio.create_task(unary(server, b"late"))
+    while channel.get_state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+        await channel.wait_for_state_change(channel.get_state())
+    late = await Upstream(port).start()
+    try:
+        assert await asyncio.wait_for(call, 30) == b"echo:late"
+    finally:
+        await late.stop()
+    assert [seen.requests for seen in late.seen] == [[b"late"]]
+    assert budget.balance() < 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "budget"),
+    [
+        ((b"a", b"b"), RetryBudget()),  # a stream: never replayed
+        ((b"a",), RetryBudget(ratio=0.0, min_per_second=0.0)),  # budget empty
+    ],
+)
+async def test_streams_and_unbudgeted_calls_are_not_retried(
+    gateway: Gateway, payload: tuple[bytes, ...], budget: RetryBudget
+) -> None:
+    """A client stream of two messages, or a call the budget does not pay for, fails at once."""
+    upstream = GrpcUpstream(
+        "echo", f"grpc://127.0.0.1:{free_port()}", attempts=3, connect_timeout=60, budget=budget
+    )
+    server = await gateway.start(upstream)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await chan.stream_unary(f"/{SERVICE}/Client")(messages(*payload), timeout=20)
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
