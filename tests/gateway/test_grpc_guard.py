@@ -10,10 +10,14 @@ import grpc.aio
 import pytest
 from test_grpc_support import RETRY_POLICY, SERVICE, Upstream, free_port, messages, trailer
 
-from stormguard import AsyncRateLimiter, Bulkhead, CircuitBreaker, RetryBudget, TokenBucket
+from stormguard import CircuitBreaker, RetryBudget, TokenBucket
+from stormguard.gateway._config import Upstream as UpstreamSettings
 from stormguard.gateway._grpc_gateway import PUSHBACK
-from stormguard.gateway._grpc_routes import GrpcLimit, GrpcRoute, GrpcUpstream, RefuseWith
+from stormguard.gateway._grpc_routes import CLIENT_KEY, GrpcRoute, RefuseWith
 from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
+from stormguard.gateway._upstream import UpstreamPool
+from stormguard.server._decide import RuleSet
+from stormguard.server._rules import Rule
 from stormguard.stores import MemoryStore
 from stormguard.testing import FakeClock
 
@@ -38,17 +42,17 @@ class Gateway:
 
     async def start(
         self,
-        upstream: GrpcUpstream,
+        upstream: UpstreamPool,
         *,
-        limits: Sequence[GrpcLimit] = (),
+        limits: RuleSet | None = None,
         refuse_with: RefuseWith = "unavailable",
         client_keys: Sequence[str] = ("header:x-api-key", "ip"),
     ) -> GrpcProxyServer:
         """A proxy routing ``test.Echo`` to ``upstream`` with ``limits``."""
         server = await start_grpc_proxy(
             "127.0.0.1:0",
-            routes=[GrpcRoute(SERVICE, upstream.name, tuple(limits), refuse_with)],
-            upstreams=[upstream],
+            routes=[GrpcRoute(SERVICE, upstream.name, limits, refuse_with)],
+            upstreams={upstream.name: upstream},
             client_keys=client_keys,
         )
         self.servers.append(server)
@@ -66,11 +70,21 @@ async def gateway() -> AsyncIterator[Gateway]:
             await server.stop(None)
 
 
-def per_client(clock: FakeClock | None, *, rate: float = 1, name: str = "per-client") -> GrpcLimit:
-    """A one-call burst per client refilling at ``rate`` per second."""
-    store = MemoryStore(clock=clock)
-    limiter = AsyncRateLimiter(TokenBucket(rate, 1), store, name=name, clock=clock)
-    return GrpcLimit(name, limiter, "client")
+def by_client(raw: dict[str, str]) -> str:
+    """The key the gateway's ``clients.key`` chose (how its config keys ``per: client``)."""
+    return raw[CLIENT_KEY]
+
+
+def limits(clock: FakeClock | None, *, rate: float = 1, per: str = "client") -> RuleSet:
+    """A one-call burst refilling at ``rate`` per second, per client or global."""
+    key = "global" if per == "global" else by_client
+    rule = Rule(TokenBucket(rate, 1), key=key, name=f"per-{per}")
+    return RuleSet([rule], store=MemoryStore(clock=clock))
+
+
+def pool(url: str, **settings: object) -> UpstreamPool:
+    """The gateway's upstream object for ``url`` with config ``settings``."""
+    return UpstreamPool("echo", UpstreamSettings.model_validate({"url": url, **settings}))
 
 
 async def unary(server: GrpcProxyServer, payload: bytes = b"a", key: str | None = None) -> bytes:
@@ -104,7 +118,7 @@ async def test_over_the_limit_is_refused_with_pushback(
 ) -> None:
     """Over a limit: the route's code and a pushback trailer of the limiter's wait."""
     server = await gateway.start(
-        GrpcUpstream("echo", upstream.target), limits=[per_client(clock)], refuse_with=refuse_with
+        pool(upstream.target), limits=limits(clock), refuse_with=refuse_with
     )
     assert await unary(server) == b"echo:a"
     error = await refused(server)
@@ -118,7 +132,7 @@ async def test_clients_are_limited_by_key_then_by_ip(
     gateway: Gateway, upstream: Upstream, clock: FakeClock
 ) -> None:
     """x-api-key names the client when present, the peer ip otherwise; quotas are separate."""
-    server = await gateway.start(GrpcUpstream("echo", upstream.target), limits=[per_client(clock)])
+    server = await gateway.start(pool(upstream.target), limits=limits(clock))
     await unary(server, key="k1")
     assert (await refused(server, key="k1")).code() is grpc.StatusCode.UNAVAILABLE
     assert await unary(server, key="k2") == b"echo:a"
@@ -131,23 +145,18 @@ async def test_global_limit_is_shared_by_every_client(
     gateway: Gateway, upstream: Upstream, clock: FakeClock
 ) -> None:
     """A ``per: global`` limit counts all clients together."""
-    limit = per_client(clock, name="global")
-    server = await gateway.start(
-        GrpcUpstream("echo", upstream.target), limits=[GrpcLimit("global", limit.limiter, "global")]
-    )
+    server = await gateway.start(pool(upstream.target), limits=limits(clock, per="global"))
     await unary(server, key="k1")
     error = await refused(server, key="k2")
     assert trailer(error.trailing_metadata(), PUSHBACK) == "1000"
-    assert server.stats[SERVICE]["limited:global"] == 1
+    assert server.stats[SERVICE]["limited:per-global"] == 1
 
 
 async def test_grpcio_retry_policy_waits_the_pushback_and_succeeds(
     gateway: Gateway, upstream: Upstream
 ) -> None:
     """A grpcio client with a retryPolicy (30 s backoff) retries after the 200 ms pushback."""
-    server = await gateway.start(
-        GrpcUpstream("echo", upstream.target), limits=[per_client(None, rate=5)]
-    )
+    server = await gateway.start(pool(upstream.target), limits=limits(None, rate=5))
     options = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY_POLICY)]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=options) as chan:
         method = chan.unary_unary(UNARY)
@@ -163,8 +172,11 @@ async def test_killed_upstream_opens_the_breaker_and_calls_fail_fast(
     gateway: Gateway, upstream: Upstream, clock: FakeClock
 ) -> None:
     """Upstream gone: its UNAVAILABLEs open the breaker; then UNAVAILABLE + pushback, no call."""
-    breaker = CircuitBreaker(min_calls=2, failure_rate=0.5, open_for=5, jitter=0, clock=clock)
-    server = await gateway.start(GrpcUpstream("echo", upstream.target, breaker=breaker))
+    upstream_pool = pool(upstream.target)
+    breaker = upstream_pool.breaker = CircuitBreaker(
+        min_calls=2, failure_rate=0.5, open_for=5, jitter=0, clock=clock
+    )
+    server = await gateway.start(upstream_pool)
     assert await unary(server) == b"echo:a"
     await upstream.stop()
     error = await refused(server)  # forwarded: the upstream's connect failure
@@ -191,8 +203,10 @@ async def test_caller_errors_do_not_open_the_breaker(
     gateway: Gateway, upstream: Upstream, clock: FakeClock, code: grpc.StatusCode
 ) -> None:
     """Caller errors pass through and leave the breaker closed."""
-    breaker = CircuitBreaker(min_calls=2, failure_rate=0.5, clock=clock)
-    server = await gateway.start(GrpcUpstream("echo", upstream.target, breaker=breaker))
+    upstream_pool = pool(upstream.target, breaker={"min_calls": 2})
+    breaker = upstream_pool.breaker
+    assert breaker is not None
+    server = await gateway.start(upstream_pool)
     for _ in range(3):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await unary(server, f"fail:{code.name}".encode())
@@ -204,8 +218,10 @@ async def test_upstream_unavailable_counts_for_the_breaker(
     gateway: Gateway, upstream: Upstream, clock: FakeClock
 ) -> None:
     """UNAVAILABLE and DEADLINE_EXCEEDED answered by the upstream are breaker failures."""
-    breaker = CircuitBreaker(min_calls=2, failure_rate=0.5, jitter=0, clock=clock)
-    server = await gateway.start(GrpcUpstream("echo", upstream.target, breaker=breaker))
+    upstream_pool = pool(upstream.target, breaker={"min_calls": 2})
+    breaker = upstream_pool.breaker
+    assert breaker is not None
+    server = await gateway.start(upstream_pool)
     for code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
         with pytest.raises(grpc.aio.AioRpcError):
             await unary(server, f"fail:{code}".encode())
@@ -214,7 +230,7 @@ async def test_upstream_unavailable_counts_for_the_breaker(
 
 async def test_full_bulkhead_refuses_with_pushback(gateway: Gateway, upstream: Upstream) -> None:
     """With every slot taken, a call is refused UNAVAILABLE + pushback without reaching upstream."""
-    server = await gateway.start(GrpcUpstream("echo", upstream.target, bulkhead=Bulkhead(1)))
+    server = await gateway.start(pool(upstream.target, bulkhead={"limit": 1}))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
         hanging = chan.unary_unary(UNARY)(b"hang", timeout=20)
         await asyncio.wait_for(upstream.hanging.wait(), 10)
@@ -230,10 +246,8 @@ async def test_full_bulkhead_refuses_with_pushback(gateway: Gateway, upstream: U
 async def test_call_that_never_reached_the_upstream_is_retried(gateway: Gateway) -> None:
     """A unary call refused at connect is sent again once the upstream is up (budget paid)."""
     port = free_port()
-    budget = RetryBudget(ratio=0.0, min_per_second=0.1, window=10)
-    upstream = GrpcUpstream(
-        "echo", f"grpc://127.0.0.1:{port}", attempts=2, connect_timeout=15, budget=budget
-    )
+    upstream = pool(f"grpc://127.0.0.1:{port}", retries={"attempts": 2}, timeout={"connect": 15})
+    budget = upstream.budget = RetryBudget(ratio=0.0, min_per_second=0.1, window=10)
     server = await gateway.start(upstream)
     channel = server.gateway.channel("echo")
     call = asyncio.create_task(unary(server, b"late"))
@@ -259,9 +273,10 @@ async def test_streams_and_unbudgeted_calls_are_not_retried(
     gateway: Gateway, payload: tuple[bytes, ...], budget: RetryBudget
 ) -> None:
     """A client stream of two messages, or a call the budget does not pay for, fails at once."""
-    upstream = GrpcUpstream(
-        "echo", f"grpc://127.0.0.1:{free_port()}", attempts=3, connect_timeout=60, budget=budget
+    upstream = pool(
+        f"grpc://127.0.0.1:{free_port()}", retries={"attempts": 3}, timeout={"connect": 60}
     )
+    upstream.budget = budget
     server = await gateway.start(upstream)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
         with pytest.raises(grpc.aio.AioRpcError) as caught:

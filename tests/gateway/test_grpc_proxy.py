@@ -11,9 +11,16 @@ import grpc.aio
 import pytest
 from test_grpc_support import SERVICE, Upstream, messages, trailer
 
+from stormguard.gateway._config import Upstream as UpstreamSettings
 from stormguard.gateway._grpc_proxy import forwardable
-from stormguard.gateway._grpc_routes import GrpcRoute, GrpcUpstream
+from stormguard.gateway._grpc_routes import GrpcRoute, target_of
 from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
+from stormguard.gateway._upstream import UpstreamPool
+
+
+def pool(url: str) -> dict[str, UpstreamPool]:
+    """The gateway's upstream object for ``url``, by name."""
+    return {"echo": UpstreamPool("echo", UpstreamSettings(url=url))}
 
 
 @pytest.fixture
@@ -32,7 +39,7 @@ async def proxy(upstream: Upstream) -> AsyncIterator[GrpcProxyServer]:
     server = await start_grpc_proxy(
         "127.0.0.1:0",
         routes=[GrpcRoute(SERVICE, "echo")],
-        upstreams=[GrpcUpstream("echo", upstream.target)],
+        upstreams=pool(upstream.target),
     )
     try:
         yield server
@@ -125,7 +132,7 @@ async def test_method_route_covers_only_that_method(upstream: Upstream) -> None:
     server = await start_grpc_proxy(
         "127.0.0.1:0",
         routes=[GrpcRoute(f"{SERVICE}/Unary", "echo")],
-        upstreams=[GrpcUpstream("echo", upstream.target)],
+        upstreams=pool(upstream.target),
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
@@ -174,3 +181,16 @@ def test_transport_headers_are_not_forwarded() -> None:
         ("grpc-retry-pushback-ms", "10"),
     )
     assert forwardable(pairs) == (("x-api-key", "k"), ("grpc-retry-pushback-ms", "10"))
+
+
+@pytest.mark.parametrize(
+    ("urls", "target"),
+    [
+        (["grpc://127.0.0.1:50051"], "127.0.0.1:50051"),
+        (["grpc://localhost:7/"], "localhost:7"),
+        (["grpc://10.0.0.1:1", "grpc://10.0.0.2:2"], "ipv4:10.0.0.1:1,10.0.0.2:2"),
+    ],
+)
+def test_upstream_urls_become_a_channel_target(urls: list[str], target: str) -> None:
+    """One URL is HOST:PORT; several IPv4 ones are one balanced ipv4: target."""
+    assert target_of(urls) == target

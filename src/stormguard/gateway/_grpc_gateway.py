@@ -1,10 +1,12 @@
 # The gRPC leg of the gateway: routes -> limits -> breaker -> bulkhead -> upstream.
 #
 # One generic handler serves every method; a method no route names gets grpc's
-# own UNIMPLEMENTED. For a routed call, in order:
-#   1. the route's limits, all decided in one store call (AsyncRateLimiter.hit_many);
-#   2. the upstream's breaker (a permit; CircuitOpen carries the open time left);
-#   3. the upstream's bulkhead (a slot, waiting at most its max_wait);
+# own UNIMPLEMENTED. Assembled from the HTTP leg's parts: the client's key by the
+# server side's key specs, the route's limits as a server-side RuleSet, and the
+# upstream's UpstreamPool for admission. For a routed call, in order:
+#   1. the route's limits, all decided in one store call (RuleSet.adecide);
+#   2. UpstreamPool.admit: the breaker (CircuitOpen carries the open time left),
+#      then the client's share and the upstream's bulkhead (BulkheadFull);
 #   4. the forwarded call (_grpc_proxy.forward), retried only when it never reached
 #      the upstream, the request is one message the pump holds, nothing went back
 #      to the client, the attempts allow it and the upstream's budget pays for it.
@@ -22,15 +24,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from .._errors import BulkheadFull, CircuitOpen
-from .._limiter import AsyncRateLimiter
-from ..protection import Permit
 from ._grpc_proxy import (
     Forwarded,
     MetadataPairs,
@@ -41,7 +41,8 @@ from ._grpc_proxy import (
     never_reached,
     refuse,
 )
-from ._grpc_routes import ClientKeys, GrpcRoute, GrpcUpstream, MetadataView, RouteTable
+from ._grpc_routes import CLIENT_KEY, ClientKeys, GrpcRoute, MetadataView, RouteTable, target_of
+from ._upstream import UpstreamPool
 
 __all__ = ["PUSHBACK", "GrpcGateway", "pushback"]
 
@@ -49,6 +50,7 @@ PUSHBACK = "grpc-retry-pushback-ms"
 BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests
 _BREAKER_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _ANONYMOUS = "-"
+Count = Callable[[str, str], None]
 
 
 def pushback(seconds: float) -> MetadataPairs:
@@ -60,50 +62,56 @@ def _has_pushback(trailers: MetadataPairs) -> bool:
     return any(key == PUSHBACK for key, _ in trailers)
 
 
-def _channel_options(upstream: GrpcUpstream) -> list[tuple[str, Any]]:
+def _channel_options(connect_timeout: float, balanced: bool) -> list[tuple[str, Any]]:
     # Reconnect quickly enough that a half-open probe finds a recovered upstream.
-    millis = max(100, int(upstream.connect_timeout * 1000))
-    return [
+    millis = max(100, int(connect_timeout * 1000))
+    options: list[tuple[str, Any]] = [
         ("grpc.initial_reconnect_backoff_ms", min(millis, 1000)),
         ("grpc.min_reconnect_backoff_ms", min(millis, 1000)),
         ("grpc.max_reconnect_backoff_ms", max(millis, 1000)),
         ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", -1),
     ]
+    if balanced:
+        options.append(("grpc.lb_policy_name", "round_robin"))
+    return options
 
 
 class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
     """A generic grpc.aio handler proxying routed methods with the gateway's protection.
 
-    ``stats`` counts, per route service name, ``allowed`` calls and refusals by
-    reason (``limited:<limit>``, ``breaker_open``, ``bulkhead_full``,
-    ``upstream_timeout``). Call :meth:`close` to close the upstream channels.
+    ``upstreams`` are the gateway's :class:`UpstreamPool` objects by name;
+    ``client_keys``/``trusted_proxies`` are its ``clients`` section. ``count(route,
+    outcome)`` receives ``allowed`` or the refusal reason (``limited:<limit>``,
+    ``breaker_open``, ``bulkhead_full``, ``upstream_timeout``) per call; by default
+    it adds to :attr:`stats`. Call :meth:`close` to close the upstream channels.
     """
 
     def __init__(
         self,
         *,
         routes: Iterable[GrpcRoute],
-        upstreams: Mapping[str, GrpcUpstream] | Sequence[GrpcUpstream],
+        upstreams: Mapping[str, UpstreamPool],
         client_keys: Sequence[str] = ("ip",),
         trusted_proxies: Sequence[str] = (),
-        stats: dict[str, Counter[str]] | None = None,
+        count: Count | None = None,
     ) -> None:
-        if not isinstance(upstreams, Mapping):
-            upstreams = {upstream.name: upstream for upstream in upstreams}
-        self.upstreams: dict[str, GrpcUpstream] = dict(upstreams)
+        self.upstreams: dict[str, UpstreamPool] = dict(upstreams)
         self.routes = RouteTable(routes, self.upstreams)
         self.client_key = ClientKeys(client_keys, trusted_proxies)
-        self.stats: dict[str, Counter[str]] = stats if stats is not None else {}
+        self.stats: dict[str, Counter[str]] = {}
+        self._count: Count = count or self._add
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def channel(self, name: str) -> grpc.aio.Channel:
         """The channel to upstream ``name`` (opened on first use)."""
-        upstream = self.upstreams[name]
         channel = self._channels.get(name)
         if channel is None:
-            channel = grpc.aio.insecure_channel(upstream.target, options=_channel_options(upstream))
+            pool = self.upstreams[name]
+            urls = [target.url for target in pool.targets]
+            options = _channel_options(pool.settings.timeout.connect, len(urls) > 1)
+            channel = grpc.aio.insecure_channel(target_of(urls), options=options)
             self._channels[name] = channel
         return channel
 
@@ -133,27 +141,23 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             self._handlers[method] = handler
         return handler
 
-    def _count(self, route: GrpcRoute, outcome: str) -> None:
-        counter = self.stats.get(route.service)
+    def _add(self, route: str, outcome: str) -> None:
+        counter = self.stats.get(route)
         if counter is None:
-            counter = self.stats[route.service] = Counter()
+            counter = self.stats[route] = Counter()
         counter[outcome] += 1
 
     async def _handle(
         self, route: GrpcRoute, method: str, context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> None:
-        upstream = self.upstreams[route.upstream]
+        pool = self.upstreams[route.upstream]
         metadata = context.invocation_metadata()
-        if route.limits:
-            key = self.client_key(MetadataView(metadata, context.peer())) or _ANONYMOUS
-            decision = await AsyncRateLimiter.hit_many(
-                [
-                    (limit.limiter, key if limit.per == "client" else "global")
-                    for limit in route.limits
-                ]
-            )
-            if not decision.allowed:
-                self._count(route, f"limited:{decision.name}")
+        view = MetadataView(metadata, context.peer())
+        client = view.raw[CLIENT_KEY] = self.client_key(view) or _ANONYMOUS
+        if route.rules is not None:
+            decision = await route.rules.adecide(view, "POST", method)
+            if decision is not None and not decision.allowed:
+                self._count(route.name, f"limited:{decision.name}")
                 code = (
                     grpc.StatusCode.RESOURCE_EXHAUSTED
                     if route.refuse_with == "resource_exhausted"
@@ -161,53 +165,37 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
                 )
                 refuse(context, code, "rate limited", pushback(decision.retry_after))
                 return
-        permit: Permit | None = None
-        if upstream.breaker is not None:
-            try:
-                permit = await upstream.breaker.aacquire()
-            except CircuitOpen as exc:
-                self._count(route, "breaker_open")
-                refuse(
-                    context, grpc.StatusCode.UNAVAILABLE, "circuit open", pushback(exc.remaining)
-                )
-                return
-        bulkhead = upstream.bulkhead
-        if bulkhead is not None:
-            try:
-                await bulkhead.aacquire()
-            except BulkheadFull:
-                if permit is not None:
-                    await permit.arelease()
-                self._count(route, "bulkhead_full")
-                refuse(
-                    context,
-                    grpc.StatusCode.UNAVAILABLE,
-                    "bulkhead full",
-                    pushback(BUSY_RETRY_AFTER),
-                )
-                return
         try:
-            result = await self._call(upstream, method, context, forwardable(metadata))
+            admission = await pool.admit(client)
+        except CircuitOpen as exc:
+            self._count(route.name, "breaker_open")
+            refuse(context, grpc.StatusCode.UNAVAILABLE, "circuit open", pushback(exc.remaining))
+            return
+        except BulkheadFull:
+            self._count(route.name, "bulkhead_full")
+            refuse(
+                context, grpc.StatusCode.UNAVAILABLE, "bulkhead full", pushback(BUSY_RETRY_AFTER)
+            )
+            return
+        permit = admission.permit
+        try:
+            result = await self._call(pool, method, context, forwardable(metadata))
         except asyncio.CancelledError:
+            # grpc cancels the handler when the client cancels or its deadline passes.
+            timed_out = (context.time_remaining() or 1.0) <= 0
+            if timed_out:
+                self._count(route.name, "upstream_timeout")
             if permit is not None:
-                # grpc cancels the handler when the client cancels or its deadline passes.
-                if (context.time_remaining() or 1.0) <= 0:
-                    self._count(route, "upstream_timeout")
-                    await permit.arecord(failure=True)
-                else:
-                    await permit.arelease()
+                await (permit.arecord(failure=True) if timed_out else permit.arelease())
             raise
         except BaseException:
             if permit is not None:
                 await permit.arecord(failure=True)
             raise
         finally:
-            if bulkhead is not None:
-                bulkhead.release()
-        if result.code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            self._count(route, "upstream_timeout")
-        else:
-            self._count(route, "allowed")
+            pool.done(admission)
+        timed_out = result.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        self._count(route.name, "upstream_timeout" if timed_out else "allowed")
         if permit is not None:
             failed = result.code in _BREAKER_FAILURES and not _has_pushback(result.trailers)
             await permit.arecord(failure=failed)
@@ -215,15 +203,14 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def _call(
         self,
-        upstream: GrpcUpstream,
+        pool: UpstreamPool,
         method: str,
         context: grpc.aio.ServicerContext[bytes, bytes],
         metadata: MetadataPairs,
     ) -> Forwarded:
-        channel = self.channel(upstream.name)
-        budget = upstream.budget
-        if budget is not None:
-            await budget.arecord_request()
+        channel = self.channel(pool.name)
+        if pool.budget is not None:
+            await pool.budget.arecord_request()
         pump = Pump(context)
         try:
             result = await forward(
@@ -236,11 +223,11 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             )
             attempt = 1
             while (
-                attempt < upstream.attempts
+                attempt < pool.attempts
                 and result.error is not None
                 and not result.replied
                 and never_reached(result.error, result.headers_seen)
-                and await self._ready_to_replay(upstream, channel, pump, context)
+                and await self._ready_to_replay(pool, channel, pump, context)
             ):
                 attempt += 1
                 result = await forward(
@@ -257,15 +244,15 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def _ready_to_replay(
         self,
-        upstream: GrpcUpstream,
+        pool: UpstreamPool,
         channel: grpc.aio.Channel,
         pump: Pump,
         context: grpc.aio.ServicerContext[bytes, bytes],
     ) -> bool:
-        # Wait (bounded by connect_timeout and the client's deadline) for the whole
+        # Wait (bounded by the connect timeout and the client's deadline) for the whole
         # request; pay from the budget; wait for the upstream to be reachable.
         remaining = context.time_remaining()
-        wait = upstream.connect_timeout
+        wait = pool.settings.timeout.connect
         if remaining is not None:
             wait = min(remaining, wait)
         try:
@@ -273,7 +260,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
                 await pump.settled.wait()
                 if not pump.replayable:
                     return False
-                if upstream.budget is not None and not await upstream.budget.atry_retry():
+                if pool.budget is not None and not await pool.budget.atry_retry():
                     return False
                 await channel.channel_ready()
         except TimeoutError:

@@ -1,8 +1,9 @@
-# The gRPC leg's configuration objects: upstreams, limits, routes, client keys.
+# The gRPC leg's routes and client keys, and the channel target of an upstream.
 #
-# These are what the gateway's config model is turned into (or what a program
-# builds by hand). They hold live protection objects — the same CircuitBreaker,
-# Bulkhead, RetryBudget and AsyncRateLimiter the HTTP leg uses — and no I/O.
+# Nothing here is gRPC-specific protection: a route holds the server side's
+# RuleSet (its limits, decided in one store call) and names an upstream whose
+# UpstreamPool (breaker, bulkhead with per-client share, retry budget) is the one
+# the HTTP leg uses too. No I/O here.
 #
 # Routes: `pkg.Service/Method` beats `pkg.Service`; a method no route names is
 # answered UNIMPLEMENTED by grpc itself. Client keys follow the gateway's
@@ -11,20 +12,18 @@
 # are lower case on the wire), `ip` the peer address without its port.
 from __future__ import annotations
 
-import math
+import ipaddress
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
-from .._limiter import AsyncRateLimiter
-from ..protection import Bulkhead, CircuitBreaker, RetryBudget
+from ..server._decide import RuleSet
 from ..server._rules import ClientAddress, KeyFunc, RequestView, compile_key
 
 __all__ = [
-    "GrpcLimit",
+    "CLIENT_KEY",
     "GrpcRoute",
-    "GrpcUpstream",
     "RefuseWith",
     "RouteTable",
     "ClientKeys",
@@ -34,66 +33,47 @@ __all__ = [
 ]
 
 RefuseWith = Literal["unavailable", "resource_exhausted"]
-Per = Literal["client", "global"]
 _REFUSE_WITH = ("unavailable", "resource_exhausted")
+CLIENT_KEY = "stormguard.client"  # the view's raw entry holding the client's key
 
 
-def target_of(url: str) -> str:
-    """``host:port`` from ``grpc://host:port`` (a bare ``host:port`` is kept)."""
-    target = url.removeprefix("grpc://").rstrip("/")
-    if not target or "://" in target or "/" in target:
-        raise ConfigError("url", f"must be grpc://HOST:PORT, got {url!r}")
-    return target
+def target_of(urls: Sequence[str]) -> str:
+    """The grpc channel target of ``grpc://HOST:PORT`` URLs.
 
-
-@dataclass(frozen=True, slots=True)
-class GrpcLimit:
-    """A named limit on a route, decided per client or for everyone together."""
-
-    name: str
-    limiter: AsyncRateLimiter
-    per: Per = "client"
-
-    def __post_init__(self) -> None:
-        if self.per not in ("client", "global"):
-            raise ConfigError("per", f"must be 'client' or 'global', got {self.per!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class GrpcUpstream:
-    """One upstream gRPC server and the protection around it.
-
-    ``attempts`` bounds the tries of a call that never reached the upstream
-    (1: no retry); each retry is withdrawn from ``budget`` and waits at most
-    ``connect_timeout`` seconds for the upstream to become reachable.
+    One URL gives ``HOST:PORT``; several IPv4 ones give ``ipv4:A:P,B:Q`` (the channel
+    balances them round-robin).
     """
-
-    name: str
-    url: str
-    breaker: CircuitBreaker | None = None
-    bulkhead: Bulkhead | None = None
-    budget: RetryBudget | None = None
-    attempts: int = 1
-    connect_timeout: float = 1.0
-    target: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "target", target_of(self.url))
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise ConfigError("attempts", f"must be an integer >= 1, got {self.attempts!r}")
-        if self.attempts < 1:
-            raise ConfigError("attempts", f"must be an integer >= 1, got {self.attempts!r}")
-        if not 0 < self.connect_timeout < math.inf:
-            raise ConfigError("connect_timeout", f"must be > 0, got {self.connect_timeout!r}")
+    hosts = []
+    for url in urls:
+        target = url.removeprefix("grpc://").rstrip("/")
+        if not target or "://" in target or "/" in target or ":" not in target:
+            raise ConfigError("url", f"must be grpc://HOST:PORT, got {url!r}")
+        hosts.append(target)
+    if len(hosts) == 1:
+        return hosts[0]
+    try:
+        for host in hosts:
+            ipaddress.IPv4Address(host.rpartition(":")[0])
+    except ValueError:
+        raise ConfigError(
+            "targets", f"several gRPC targets must be IPv4 addresses: {list(urls)!r}"
+        ) from None
+    return "ipv4:" + ",".join(hosts)
 
 
 @dataclass(frozen=True, slots=True)
 class GrpcRoute:
-    """``grpc: pkg.Service`` or ``grpc: pkg.Service/Method`` sent to ``upstream``."""
+    """``grpc: pkg.Service`` or ``grpc: pkg.Service/Method`` sent to ``upstream``.
+
+    ``rules`` (a server-side ``RuleSet``) are the route's limits, keyed by the
+    request view: ``header:NAME`` reads metadata, ``ip`` the peer, and a callable
+    gets ``{"stormguard.client": key}`` (the key the gateway's ``clients.key``
+    chose). ``refuse_with`` is the status of a refusal over a limit.
+    """
 
     grpc: str
     upstream: str
-    limits: tuple[GrpcLimit, ...] = ()
+    rules: RuleSet | None = None
     refuse_with: RefuseWith = "unavailable"
 
     def __post_init__(self) -> None:
@@ -104,12 +84,11 @@ class GrpcRoute:
             raise ConfigError(
                 "refuse_with", f"must be one of {_REFUSE_WITH}, got {self.refuse_with!r}"
             )
-        object.__setattr__(self, "limits", tuple(self.limits))
 
     @property
-    def service(self) -> str:
-        """The service part of the match (the key of the route in status and metrics)."""
-        return self.grpc.partition("/")[0]
+    def name(self) -> str:
+        """The route's name in status and metrics: what it matches (as the config has it)."""
+        return self.grpc
 
 
 class RouteTable:
@@ -151,12 +130,17 @@ def peer_ip(peer: str) -> str | None:
 
 
 class MetadataView:
-    """A gRPC call as a key function sees it (``RequestView`` of stormguard.server)."""
+    """A gRPC call as a key function sees it (``RequestView`` of stormguard.server).
 
-    __slots__ = ("_headers", "_peer", "raw")
+    ``raw`` is a dict: ``metadata``, ``peer`` and, once known, the client's key
+    under ``"stormguard.client"``.
+    """
+
+    __slots__ = ("_headers", "_metadata", "_peer", "raw")
 
     def __init__(self, metadata: Iterable[tuple[str, str | bytes]] | None, peer: str) -> None:
-        self.raw: Any = metadata
+        self.raw: dict[str, Any] = {"metadata": metadata, "peer": peer}
+        self._metadata = metadata
         self._peer = peer
         self._headers: dict[str, str] | None = None
 
@@ -165,7 +149,7 @@ class MetadataView:
         headers = self._headers
         if headers is None:
             headers = {}
-            for key, value in self.raw or ():
+            for key, value in self._metadata or ():
                 if isinstance(value, str):
                     headers[key] = f"{headers[key]}, {value}" if key in headers else value
             self._headers = headers

@@ -11,8 +11,9 @@ from typing import Any
 import grpc.aio
 
 from .._errors import ConfigError
-from ._grpc_gateway import GrpcGateway
-from ._grpc_routes import GrpcRoute, GrpcUpstream
+from ._grpc_gateway import Count, GrpcGateway
+from ._grpc_routes import GrpcRoute
+from ._upstream import UpstreamPool
 
 __all__ = ["GrpcProxyServer", "start_grpc_proxy"]
 
@@ -40,24 +41,26 @@ async def start_grpc_proxy(
     listen: str,
     *,
     routes: Iterable[GrpcRoute],
-    upstreams: Mapping[str, GrpcUpstream] | Sequence[GrpcUpstream],
+    upstreams: Mapping[str, UpstreamPool],
     client_keys: Sequence[str] = ("ip",),
     trusted_proxies: Sequence[str] = (),
-    stats: dict[str, Counter[str]] | None = None,
+    count: Count | None = None,
     options: Sequence[tuple[str, Any]] = (),
 ) -> GrpcProxyServer:
     """Serve the ``grpc:`` routes on ``listen`` (``HOST:PORT``; port 0 picks a free one).
 
-    ``upstreams`` maps names to :class:`GrpcUpstream` (or lists them);
-    ``client_keys`` is the gateway's ``clients.key`` list (``header:NAME``, ``ip``);
-    ``stats`` may be the gateway's per-route counters so both legs count in one place.
+    ``upstreams`` maps names to the gateway's :class:`UpstreamPool` objects (the
+    ones the HTTP leg uses: one breaker, bulkhead and budget per upstream);
+    ``client_keys``/``trusted_proxies`` are the gateway's ``clients`` section;
+    ``count(route, outcome)`` is the gateway's metrics counter (default: the
+    listener's own :attr:`GrpcProxyServer.stats`). ``options`` go to grpc's server.
     """
     gateway = GrpcGateway(
         routes=routes,
         upstreams=upstreams,
         client_keys=client_keys,
         trusted_proxies=trusted_proxies,
-        stats=stats,
+        count=count,
     )
     server = grpc.aio.server(options=list(options))
     server.add_generic_rpc_handlers((gateway,))
