@@ -1,19 +1,17 @@
-# Who is the client? The first of `clients.key` present names it: `header:NAME`
-# reads a request header, `ip` the peer address -- or, when the peer is one of
-# `clients.trusted_proxies`, the right-most untrusted address of X-Forwarded-For.
-# Logs and dashboards never show a raw key: `client_id()` is the first 8 hex digits
-# of its SHA-256 (pinned), with the rule that chose it.
+# Who is the client? The first of `clients.key` present names it (`header:NAME`, or
+# `ip`: the peer, or behind `clients.trusted_proxies` the forwarded address). The
+# key functions and the trusted-proxy rule are the server side's (server/_rules.py);
+# this only tries them in order. Logs and dashboards never show a raw key:
+# `client_id()` is the first 8 hex digits of its SHA-256 (pinned).
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+
+from ..server._rules import ClientAddress, KeyFunc, RequestView, compile_key
 
 __all__ = ["ClientIdentity", "client_id"]
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @lru_cache(maxsize=4096)
@@ -23,52 +21,29 @@ def client_id(key: str) -> str:
 
 
 class ClientIdentity:
-    """Extracts ``(rule, key)`` and the client's IP from an ASGI scope."""
+    """Names the client of a request: ``(rule, key)`` from the first rule present."""
 
-    __slots__ = ("_headers", "_proxies", "rules")
+    __slots__ = ("_address", "_keys")
 
     def __init__(self, rules: Sequence[str], trusted_proxies: Sequence[str]) -> None:
-        self.rules = tuple(rules)
-        # (rule, lower-cased header name as bytes) per header rule; None for "ip".
-        self._headers = tuple(
-            (rule, rule[7:].strip().lower().encode("latin-1") if rule != "ip" else None)
-            for rule in self.rules
-        )
-        self._proxies: tuple[Network, ...] = tuple(
-            ipaddress.ip_network(p, strict=False) for p in trusted_proxies
+        self._address = ClientAddress.of(trusted_proxies)
+        self._keys: tuple[tuple[str, KeyFunc], ...] = tuple(
+            (rule, compile_key(rule, self._address)) for rule in rules
         )
 
-    def _trusted(self, address: str) -> bool:
-        if not self._proxies:
-            return False
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in net for net in self._proxies)
+    def ip(self, view: RequestView) -> str:
+        """The client address (forwarded headers believed only from trusted proxies)."""
+        return self._address.resolve(view) or "unknown"
 
-    def ip(self, scope: dict[str, Any]) -> str:
-        """The client address, believing X-Forwarded-For only from trusted proxies."""
-        peer = scope.get("client")
-        address = str(peer[0]) if peer else "unknown"
-        if not self._proxies or not self._trusted(address):
-            return address
-        forwarded = [
-            v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"
-        ]
-        hops = [h.strip() for line in forwarded for h in line.split(",") if h.strip()]
-        for hop in reversed(hops):  # right-most first: the nearest hop we can check
-            if not self._trusted(hop):
-                return hop
-        return hops[0] if hops else address
+    def trusted_peer(self, view: RequestView) -> bool:
+        """Whether the transport peer is a trusted proxy."""
+        peer = view.peer()
+        return peer is not None and self._address._trusted(peer)
 
-    def identify(self, scope: dict[str, Any]) -> tuple[str, str]:
-        """``(rule, key)``: the first configured rule present names the client."""
-        headers = scope["headers"]
-        for rule, name in self._headers:
-            if name is None:
-                return rule, self.ip(scope)
-            for k, v in headers:
-                if k == name and v:
-                    return rule, v.decode("latin-1")
-        return "ip", self.ip(scope)
+    def identify(self, view: RequestView) -> tuple[str, str]:
+        """``(rule, key)``: the first configured rule that resolves names the client."""
+        for rule, key_of in self._keys:
+            key = key_of(view)
+            if key is not None:
+                return rule, key
+        return "ip", f"ip:{self.ip(view)}"

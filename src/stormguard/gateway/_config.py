@@ -168,7 +168,7 @@ class Upstream(_Model):
     breaker: BreakerSettings | None = None
     bulkhead: BulkheadSettings | None = None
     retries: RetrySettings | None = None
-    eject: EjectSettings = EjectSettings()
+    eject: EjectSettings = Field(default_factory=lambda: EjectSettings.model_validate({}))
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -211,6 +211,8 @@ class Limit(_Model):
 
     @model_validator(mode="after")
     def _parameters(self) -> Limit:
+        need: tuple[str, ...]
+        forbid: tuple[str, ...]
         if self.algorithm in ("token_bucket", "gcra"):
             need, forbid = ("rate", "burst"), ("limit", "window")
         elif self.algorithm == "concurrency":
@@ -328,9 +330,9 @@ def _references(data: Any) -> list[tuple[FieldPath, str]]:
     problems: list[tuple[FieldPath, str]] = []
     if not isinstance(data, Mapping):
         return problems
-    upstreams = data.get("upstreams") if isinstance(data.get("upstreams"), Mapping) else {}
-    limits = data.get("limits") if isinstance(data.get("limits"), Mapping) else {}
-    routes = data.get("routes") if isinstance(data.get("routes"), list) else []
+    upstreams: Mapping[Any, Any] = _get(data, "upstreams", Mapping, {})
+    limits: Mapping[Any, Any] = _get(data, "limits", Mapping, {})
+    routes: list[Any] = _get(data, "routes", list, [])
     seen: dict[str, int] = {}
     for i, route in enumerate(routes):
         if not isinstance(route, Mapping):
@@ -352,7 +354,9 @@ def _references(data: Any) -> list[tuple[FieldPath, str]]:
             for j, limit in enumerate(names):
                 if isinstance(limit, str) and limit not in limits:
                     known = ", ".join(sorted(map(str, limits))) or "none defined"
-                    problems.append((("routes", i, "limits", j), f"unknown limit {limit!r} ({known})"))
+                    problems.append(
+                        (("routes", i, "limits", j), f"unknown limit {limit!r} ({known})")
+                    )
         key = str(route.get("path") or route.get("grpc")) + "|" + str(route.get("host"))
         methods = route.get("methods")
         key += "|" + ",".join(sorted(map(str, methods))) if isinstance(methods, list) else "|*"
@@ -360,6 +364,11 @@ def _references(data: Any) -> list[tuple[FieldPath, str]]:
             problems.append(((("routes", i)), f"same match as routes[{seen[key]}]; never reached"))
         seen.setdefault(key, i)
     return problems
+
+
+def _get(data: Mapping[Any, Any], key: str, kind: Any, default: Any) -> Any:
+    value = data.get(key)
+    return value if isinstance(value, kind) else default
 
 
 # --- sources: text -> data + positions -----------------------------------------------
@@ -382,7 +391,9 @@ def _yaml_source(text: str) -> tuple[Any, dict[FieldPath, Position]]:
                 key = constructor.construct_object(key_node, deep=True)
                 child = (*path, str(key))
                 if key in out:
-                    raise _Duplicate(child, key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                    raise _Duplicate(
+                        child, key_node.start_mark.line + 1, key_node.start_mark.column + 1
+                    )
                 # An unknown or missing key points at the key itself.
                 positions[(*child, "<key>")] = (
                     key_node.start_mark.line + 1,
@@ -415,7 +426,9 @@ def _toml_source(text: str) -> tuple[Any, dict[FieldPath, Position]]:
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand(data: Any, path: FieldPath, env: Mapping[str, str], errors: list[tuple[FieldPath, str]]) -> Any:
+def _expand(
+    data: Any, path: FieldPath, env: Mapping[str, str], errors: list[tuple[FieldPath, str]]
+) -> Any:
     if isinstance(data, dict):
         return {k: _expand(v, (*path, str(k)), env, errors) for k, v in data.items()}
     if isinstance(data, list):
@@ -428,7 +441,9 @@ def _expand(data: Any, path: FieldPath, env: Mapping[str, str], errors: list[tup
                 return env[name]
             if default is not None:
                 return default
-            errors.append((path, f"environment variable {name} is not set (use ${{{name}:-default}})"))
+            errors.append(
+                (path, f"environment variable {name} is not set (use ${{{name}:-default}})")
+            )
             return ""
 
         return _ENV.sub(one, data)
@@ -441,7 +456,11 @@ def dotted(path: FieldPath) -> str:
 
 
 def parse_config(
-    text: str, source: str = "<config>", *, fmt: str | None = None, env: Mapping[str, str] | None = None
+    text: str,
+    source: str = "<config>",
+    *,
+    fmt: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
     """Validate a configuration document (YAML by default; ``fmt="toml"`` for TOML).
 
@@ -452,12 +471,16 @@ def parse_config(
     try:
         data, positions = _toml_source(text) if fmt == "toml" else _yaml_source(text)
     except _Duplicate as dup:
-        raise GatewayConfigError([f"{source}:{dup.line}:{dup.col}: {dotted(dup.path)}: duplicate key"]) from None
+        raise GatewayConfigError(
+            [f"{source}:{dup.line}:{dup.col}: {dotted(dup.path)}: duplicate key"]
+        ) from None
     except Exception as exc:  # yaml.MarkedYAMLError / tomllib.TOMLDecodeError
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.line + 1}:{mark.column + 1}" if mark is not None else _toml_where(exc)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise GatewayConfigError([f"{source}:{where}: <top>: invalid {fmt.upper()}: {problem}"]) from None
+        raise GatewayConfigError(
+            [f"{source}:{where}: <top>: invalid {fmt.upper()}: {problem}"]
+        ) from None
     problems: list[tuple[FieldPath, str]] = []
     data = _expand(data, (), os.environ if env is None else env, problems)
     config: GatewayConfig | None = None
@@ -476,7 +499,10 @@ def parse_config(
         problems.extend(_references(data))
     if problems:
         raise GatewayConfigError(
-            [f"{source}:{_where(positions, path)}: {dotted(path)}: {msg}" for path, msg in _sorted(problems, positions)]
+            [
+                f"{source}:{_where(positions, path)}: {dotted(path)}: {msg}"
+                for path, msg in _sorted(problems, positions)
+            ]
         )
     assert config is not None
     return config

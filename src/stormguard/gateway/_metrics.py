@@ -136,7 +136,9 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
 class StatusBuilder:
     """Builds /status and /metrics from one registry (the worker's or the merged one)."""
 
-    def __init__(self, metrics: GatewayMetrics | None, upstreams: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self, metrics: GatewayMetrics | None, upstreams: dict[str, dict[str, Any]]
+    ) -> None:
         self._metrics = metrics
         self.upstreams = upstreams  # name -> static facts (targets, limits) from the config
         self._history: deque[tuple[float, float]] = deque(maxlen=64)
@@ -146,7 +148,7 @@ class StatusBuilder:
         directory = multiprocess_dir()
         if directory is not None:
             merged = CollectorRegistry()
-            MultiProcessCollector(merged, path=directory)
+            MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
             return merged
         assert self._metrics is not None
         return self._metrics.registry

@@ -214,4 +214,3 @@ class UpstreamPool:
         if self.breaker is None:
             return 0.0
         return float(await self.breaker.aopen_remaining())
-

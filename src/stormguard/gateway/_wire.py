@@ -1,23 +1,12 @@
-# What the proxy leg writes on the wire besides the upstream's own bytes: refusals
-# (status + Retry-After + an RFC 9457 problem body) and the header rewriting of a
-# reverse proxy (hop-by-hop headers out; X-Forwarded-*, Via in).
+# The header rewriting of a reverse proxy: hop-by-hop headers out (with those the
+# Connection header names), X-Forwarded-For/-Proto/-Host and Via in. Refusals are
+# rendered by the server side (server/_refusal.py).
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = [
-    "HOP_BY_HOP",
-    "Send",
-    "problem",
-    "request_headers",
-    "response_headers",
-    "retry_after_value",
-]
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
 
 HOP_BY_HOP = frozenset(
     {
@@ -35,58 +24,6 @@ HOP_BY_HOP = frozenset(
 # Not hop-by-hop, but the proxy rewrites them itself.
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"expect", b"via", b"x-forwarded-proto", b"x-forwarded-host"}
 VIA = b"1.1 stormguard"
-
-_TITLES = {
-    400: "Bad Request",
-    404: "Not Found",
-    408: "Request Timeout",
-    409: "Conflict",
-    413: "Content Too Large",
-    422: "Unprocessable Content",
-    429: "Too Many Requests",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
-
-
-def retry_after_value(seconds: float) -> str:
-    """Whole seconds, rounded up, at least 1 (a client never comes back early)."""
-    return str(max(1, math.ceil(seconds - 1e-9))) if math.isfinite(seconds) else "3600"
-
-
-async def problem(
-    send: Send,
-    status: int,
-    detail: str,
-    *,
-    reason: str | None = None,
-    retry_after: float | None = None,
-    headers: Mapping[str, str] | None = None,
-    close: bool = False,
-) -> None:
-    """Send a complete RFC 9457 ``application/problem+json`` response."""
-    body: dict[str, Any] = {
-        "type": "about:blank",
-        "title": _TITLES.get(status, "Error"),
-        "status": status,
-        "detail": detail,
-    }
-    if reason is not None:
-        body["reason"] = reason
-    out = [(b"content-type", b"application/problem+json")]
-    if retry_after is not None:
-        body["retry_after"] = int(retry_after_value(retry_after))
-        out.append((b"retry-after", retry_after_value(retry_after).encode()))
-    for name, value in (headers or {}).items():
-        if name.lower() != "retry-after":
-            out.append((name.lower().encode("latin-1"), value.encode("latin-1")))
-    if close:
-        out.append((b"connection", b"close"))
-    data = json.dumps(body, separators=(",", ":")).encode()
-    out.append((b"content-length", str(len(data)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": out})
-    await send({"type": "http.response.body", "body": data})
 
 
 def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
@@ -106,7 +43,11 @@ def request_headers(
     proxy; otherwise it is replaced by the peer address (a client cannot forge it).
     """
     raw: list[tuple[bytes, bytes]] = scope["headers"]
-    drop = _REQUEST_DROP | _connection_tokens(raw) if any(k == b"connection" for k, _ in raw) else _REQUEST_DROP
+    drop = (
+        _REQUEST_DROP | _connection_tokens(raw)
+        if any(k == b"connection" for k, _ in raw)
+        else _REQUEST_DROP
+    )
     out: list[tuple[str, str]] = []
     host = ""
     forwarded_for = ""
@@ -115,7 +56,11 @@ def request_headers(
         if k == b"host":
             host = v.decode("latin-1")
         elif k == b"x-forwarded-for":
-            forwarded_for = v.decode("latin-1") if not forwarded_for else f"{forwarded_for}, {v.decode('latin-1')}"
+            forwarded_for = (
+                v.decode("latin-1")
+                if not forwarded_for
+                else f"{forwarded_for}, {v.decode('latin-1')}"
+            )
             continue
         elif k == b"via":
             via = v.decode("latin-1")
