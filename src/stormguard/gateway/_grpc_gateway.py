@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from .._errors import BulkheadFull, CircuitOpen
+from ._clients import ClientIdentity
 from ._grpc_proxy import (
     Forwarded,
     MetadataPairs,
@@ -41,7 +42,7 @@ from ._grpc_proxy import (
     never_reached,
     refuse,
 )
-from ._grpc_routes import CLIENT_KEY, ClientKeys, GrpcRoute, MetadataView, RouteTable, target_of
+from ._grpc_routes import CLIENT_KEY, GrpcRoute, MetadataView, RouteTable, target_of
 from ._upstream import UpstreamPool
 
 __all__ = ["PUSHBACK", "GrpcGateway", "pushback"]
@@ -49,8 +50,8 @@ __all__ = ["PUSHBACK", "GrpcGateway", "pushback"]
 PUSHBACK = "grpc-retry-pushback-ms"
 BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests
 _BREAKER_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-_ANONYMOUS = "-"
-Count = Callable[[str, str], None]
+# record(route, outcome, client key): one call per routed call.
+Record = Callable[[str, str, str], None]
 
 
 def pushback(seconds: float) -> MetadataPairs:
@@ -81,10 +82,12 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
     """A generic grpc.aio handler proxying routed methods with the gateway's protection.
 
     ``upstreams`` are the gateway's :class:`UpstreamPool` objects by name;
-    ``client_keys``/``trusted_proxies`` are its ``clients`` section. ``count(route,
-    outcome)`` receives ``allowed`` or the refusal reason (``limited:<limit>``,
-    ``breaker_open``, ``bulkhead_full``, ``upstream_timeout``) per call; by default
-    it adds to :attr:`stats`. Call :meth:`close` to close the upstream channels.
+    ``identity`` names the client (the gateway's ``clients`` section).
+    ``record(route, outcome, client)`` receives ``allowed`` or the refusal reason
+    (``limited:<limit>``, ``breaker_open``, ``bulkhead_full``, ``upstream_timeout``,
+    ``store_unavailable``) per call; by default it adds to :attr:`stats`.
+    :meth:`update` swaps routes and upstreams (a reload); :meth:`close` closes the
+    upstream channels.
     """
 
     def __init__(
@@ -92,32 +95,41 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         *,
         routes: Iterable[GrpcRoute],
         upstreams: Mapping[str, UpstreamPool],
-        client_keys: Sequence[str] = ("ip",),
-        trusted_proxies: Sequence[str] = (),
-        count: Count | None = None,
+        identity: ClientIdentity | None = None,
+        record: Record | None = None,
     ) -> None:
-        self.upstreams: dict[str, UpstreamPool] = dict(upstreams)
-        self.routes = RouteTable(routes, self.upstreams)
-        self.client_key = ClientKeys(client_keys, trusted_proxies)
+        self.identity = identity or ClientIdentity(("ip",), ())
         self.stats: dict[str, Counter[str]] = {}
-        self._count: Count = count or self._add
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._record: Record = record or self._add
+        self._channels: dict[str, tuple[UpstreamPool, grpc.aio.Channel]] = {}
+        self._retired: list[grpc.aio.Channel] = []
+        self.update(routes, upstreams)
+
+    def update(self, routes: Iterable[GrpcRoute], upstreams: Mapping[str, UpstreamPool]) -> None:
+        """Serve ``routes`` to ``upstreams`` from now on (calls in flight finish as they were)."""
+        upstreams = dict(upstreams)
+        table = RouteTable(routes, upstreams)
+        self.upstreams, self.routes = upstreams, table
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def channel(self, name: str) -> grpc.aio.Channel:
-        """The channel to upstream ``name`` (opened on first use)."""
-        channel = self._channels.get(name)
-        if channel is None:
-            pool = self.upstreams[name]
-            urls = [target.url for target in pool.targets]
-            options = _channel_options(pool.settings.timeout.connect, len(urls) > 1)
-            channel = grpc.aio.insecure_channel(target_of(urls), options=options)
-            self._channels[name] = channel
+        """The channel to upstream ``name`` (opened on first use, anew when it is replaced)."""
+        pool = self.upstreams[name]
+        entry = self._channels.get(name)
+        if entry is not None and entry[0] is pool:
+            return entry[1]
+        if entry is not None:
+            self._retired.append(entry[1])  # closed with the gateway: calls may still use it
+        urls = [target.url for target in pool.targets]
+        options = _channel_options(pool.settings.timeout.connect, len(urls) > 1)
+        channel = grpc.aio.insecure_channel(target_of(urls), options=options)
+        self._channels[name] = (pool, channel)
         return channel
 
     async def close(self) -> None:
         """Close every upstream channel."""
-        channels, self._channels = list(self._channels.values()), {}
+        channels = [channel for _, channel in self._channels.values()] + self._retired
+        self._channels, self._retired = {}, []
         for channel in channels:
             await channel.close()
 
@@ -141,7 +153,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             self._handlers[method] = handler
         return handler
 
-    def _add(self, route: str, outcome: str) -> None:
+    def _add(self, route: str, outcome: str, client: str) -> None:
         counter = self.stats.get(route)
         if counter is None:
             counter = self.stats[route] = Counter()
@@ -153,26 +165,43 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         pool = self.upstreams[route.upstream]
         metadata = context.invocation_metadata()
         view = MetadataView(metadata, context.peer())
-        client = view.raw[CLIENT_KEY] = self.client_key(view) or _ANONYMOUS
-        if route.rules is not None:
-            decision = await route.rules.adecide(view, "POST", method)
-            if decision is not None and not decision.allowed:
-                self._count(route.name, f"limited:{decision.name}")
-                code = (
-                    grpc.StatusCode.RESOURCE_EXHAUSTED
-                    if route.refuse_with == "resource_exhausted"
-                    else grpc.StatusCode.UNAVAILABLE
-                )
-                refuse(context, code, "rate limited", pushback(decision.retry_after))
-                return
+        client = view.raw[CLIENT_KEY] = self.identity.identify(view)[1]
+        rules = route.rules
+        decision = None if rules is None else await rules.adecide(view, "POST", method)
+        if decision is not None and not decision.allowed:
+            assert rules is not None
+            if rules.store_down and rules.fails_closed:
+                code, outcome = grpc.StatusCode.UNAVAILABLE, "store_unavailable"
+            elif route.refuse_with == "resource_exhausted":
+                code, outcome = grpc.StatusCode.RESOURCE_EXHAUSTED, f"limited:{decision.name}"
+            else:
+                code, outcome = grpc.StatusCode.UNAVAILABLE, f"limited:{decision.name}"
+            self._record(route.name, outcome, client)
+            refuse(context, code, "rate limited", pushback(decision.retry_after))
+            return
+        try:
+            await self._admitted(route, pool, method, context, metadata, client)
+        finally:
+            if decision is not None and route.leased:
+                await route.release(decision, view)
+
+    async def _admitted(
+        self,
+        route: GrpcRoute,
+        pool: UpstreamPool,
+        method: str,
+        context: grpc.aio.ServicerContext[bytes, bytes],
+        metadata: Any,
+        client: str,
+    ) -> None:
         try:
             admission = await pool.admit(client)
         except CircuitOpen as exc:
-            self._count(route.name, "breaker_open")
+            self._record(route.name, "breaker_open", client)
             refuse(context, grpc.StatusCode.UNAVAILABLE, "circuit open", pushback(exc.remaining))
             return
         except BulkheadFull:
-            self._count(route.name, "bulkhead_full")
+            self._record(route.name, "bulkhead_full", client)
             refuse(
                 context, grpc.StatusCode.UNAVAILABLE, "bulkhead full", pushback(BUSY_RETRY_AFTER)
             )
@@ -184,7 +213,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             # grpc cancels the handler when the client cancels or its deadline passes.
             timed_out = (context.time_remaining() or 1.0) <= 0
             if timed_out:
-                self._count(route.name, "upstream_timeout")
+                self._record(route.name, "upstream_timeout", client)
             if permit is not None:
                 await (permit.arecord(failure=True) if timed_out else permit.arelease())
             raise
@@ -195,7 +224,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         finally:
             pool.done(admission)
         timed_out = result.code is grpc.StatusCode.DEADLINE_EXCEEDED
-        self._count(route.name, "upstream_timeout" if timed_out else "allowed")
+        self._record(route.name, "upstream_timeout" if timed_out else "allowed", client)
         if permit is not None:
             failed = result.code in _BREAKER_FAILURES and not _has_pushback(result.trailers)
             await permit.arecord(failure=failed)

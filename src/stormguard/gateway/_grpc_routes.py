@@ -6,27 +6,27 @@
 # the HTTP leg uses too. No I/O here.
 #
 # Routes: `pkg.Service/Method` beats `pkg.Service`; a method no route names is
-# answered UNIMPLEMENTED by grpc itself. Client keys follow the gateway's
-# `clients.key` list: the first one present names the client; the key specs are
-# the server side's (compile_key): `header:NAME` reads request metadata (names
-# are lower case on the wire), `ip` the peer address without its port.
+# answered UNIMPLEMENTED by grpc itself. The client is named by the gateway's
+# ClientIdentity (the server side's key specs) over MetadataView: `header:NAME`
+# reads request metadata (names are lower case on the wire), `ip` the peer
+# address without its port.
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from ..core._limiters import Concurrency, Decision
 from ..server._decide import RuleSet
-from ..server._rules import ClientAddress, KeyFunc, RequestView, compile_key
+from ..server._rules import RequestView
 
 __all__ = [
     "CLIENT_KEY",
     "GrpcRoute",
     "RefuseWith",
     "RouteTable",
-    "ClientKeys",
     "MetadataView",
     "peer_ip",
     "target_of",
@@ -75,8 +75,21 @@ class GrpcRoute:
     upstream: str
     rules: RuleSet | None = None
     refuse_with: RefuseWith = "unavailable"
+    # Concurrency limits by name: their slots are given back when the call ends.
+    leased: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        entries = self.rules._entries if self.rules is not None else ()
+        leased = {rule.name: (key_of, limiter) for rule, key_of, limiter in entries}
+        object.__setattr__(
+            self,
+            "leased",
+            {
+                name: pair
+                for name, pair in leased.items()
+                if isinstance(pair[1].algorithm, Concurrency)
+            },
+        )
         service, _, method = self.grpc.partition("/")
         if not service or self.grpc.startswith("/") or "/" in method or self.grpc.endswith("/"):
             raise ConfigError("grpc", f"must be SERVICE or SERVICE/METHOD, got {self.grpc!r}")
@@ -89,6 +102,14 @@ class GrpcRoute:
     def name(self) -> str:
         """The route's name in status and metrics: what it matches (as the config has it)."""
         return self.grpc
+
+    async def release(self, decision: Decision, view: RequestView) -> None:
+        """Give back the Concurrency slots ``decision`` holds for the call of ``view``."""
+        for part in decision.parts or (decision,):
+            pair = self.leased.get(part.name)
+            if pair is not None and part.lease:
+                key_of, limiter = pair
+                await limiter.release(str(key_of(view)), part.lease)
 
 
 class RouteTable:
@@ -158,27 +179,3 @@ class MetadataView:
     def peer(self) -> str | None:
         """The peer's address without its port."""
         return peer_ip(self._peer)
-
-
-class ClientKeys:
-    """The gateway's ``clients.key`` list: the first key present names the client.
-
-    Each entry is a key spec of :func:`stormguard.server._rules.compile_key`
-    (``header:NAME``, ``ip``); ``trusted_proxies`` are believed for ``ip``.
-    """
-
-    __slots__ = ("_keys",)
-
-    def __init__(self, specs: Sequence[str], trusted_proxies: Sequence[str] = ()) -> None:
-        if isinstance(specs, str):
-            specs = (specs,)
-        address = ClientAddress.of(trusted_proxies)
-        self._keys: tuple[KeyFunc, ...] = tuple(compile_key(spec, address) for spec in specs)
-
-    def __call__(self, view: RequestView) -> str | None:
-        """The client's key for ``view`` (None: no key present)."""
-        for key_of in self._keys:
-            key = key_of(view)
-            if key is not None:
-                return key
-        return None
