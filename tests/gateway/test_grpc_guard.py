@@ -10,7 +10,7 @@ import grpc.aio
 import pytest
 from test_grpc_support import RETRY_POLICY, SERVICE, Upstream, free_port, messages, trailer
 
-from stormguard import CircuitBreaker, RetryBudget, TokenBucket
+from stormguard import CircuitBreaker, Concurrency, RetryBudget, TokenBucket
 from stormguard.gateway._config import Upstream as UpstreamSettings
 from stormguard.gateway._grpc_gateway import PUSHBACK
 from stormguard.gateway._grpc_routes import CLIENT_KEY, GrpcRoute, RefuseWith
@@ -18,7 +18,7 @@ from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
 from stormguard.gateway._upstream import UpstreamPool
 from stormguard.server._decide import RuleSet
 from stormguard.server._rules import Rule
-from stormguard.stores import MemoryStore
+from stormguard.stores import AsyncRedisStore, MemoryStore
 from stormguard.testing import FakeClock
 
 UNARY = f"/{SERVICE}/Unary"
@@ -282,3 +282,77 @@ async def test_streams_and_unbudgeted_calls_are_not_retried(
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await chan.stream_unary(f"/{SERVICE}/Client")(messages(*payload), timeout=20)
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_upstream_pushback_refusal_is_not_a_breaker_failure(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """An upstream's own UNAVAILABLE + pushback passes through and leaves the breaker closed."""
+    upstream_pool = pool(upstream.target, breaker={"min_calls": 2})
+    server = await gateway.start(upstream_pool)
+    for _ in range(3):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await unary(server, b"refuse")
+        assert trailer(caught.value.trailing_metadata(), PUSHBACK) == "50"
+    assert upstream_pool.breaker is not None
+    assert upstream_pool.breaker.state == "closed"
+
+
+async def test_server_first_bidi_stream_flows_before_the_client_writes(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """The upstream's first message reaches a client that has not sent anything yet."""
+    server = await gateway.start(pool(upstream.target))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
+        call = chan.stream_stream(f"/{SERVICE}/Hello")(timeout=20)
+        assert await call.read() == b"hello"
+        await call.write(b"ping")
+        assert await call.read() == b"ping"
+        await call.done_writing()
+        assert await call.code() is grpc.StatusCode.OK
+
+
+async def test_concurrency_limit_slot_comes_back_when_the_call_ends(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """A Concurrency(1) limit refuses a second call while one is in flight, not after."""
+    rule = Rule(Concurrency(1, 60), key=by_client, name="in-flight")
+    server = await gateway.start(pool(upstream.target), limits=RuleSet([rule]))
+    assert await unary(server) == b"echo:a"
+    assert await unary(server) == b"echo:a"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
+        hanging = chan.unary_unary(UNARY)(b"hang", timeout=20)
+        await asyncio.wait_for(upstream.hanging.wait(), 10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await chan.unary_unary(UNARY)(b"b", timeout=20)
+        hanging.cancel()
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert server.stats[SERVICE]["limited:in-flight"] == 1
+
+
+async def test_closed_mode_store_outage_is_unavailable_not_a_limit(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """With Redis down and on_store_error=closed, calls get UNAVAILABLE as store_unavailable."""
+    store = AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    rule = Rule(TokenBucket(100, 100), key=by_client, name="per-client")
+    rules = RuleSet([rule], store=store, on_store_error="closed")
+    server = await gateway.start(
+        pool(upstream.target), limits=rules, refuse_with="resource_exhausted"
+    )
+    error = await refused(server)
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailer(error.trailing_metadata(), PUSHBACK) is not None
+    assert server.stats[SERVICE] == {"store_unavailable": 1}
+    assert upstream.seen == []
+
+
+async def test_update_swaps_routes_for_the_next_call(gateway: Gateway, upstream: Upstream) -> None:
+    """After update() (a reload) the next call follows the new routes."""
+    server = await gateway.start(pool(upstream.target))
+    assert await unary(server) == b"echo:a"
+    leg = server.gateway
+    leg.update([GrpcRoute("other.Service", "echo")], leg.upstreams)
+    error = await refused(server)
+    assert error.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert len(upstream.seen) == 1

@@ -48,8 +48,10 @@ class Upstream:
     """A real grpc.aio server on 127.0.0.1 answering ``test.Echo/{Unary,Server,Client,Bidi}``.
 
     A request ``b"fail:CODE"`` makes the method answer that status (with details
-    and a trailer); ``b"hang"`` makes it wait until cancelled (noted in ``seen``).
-    Every call answers initial metadata ``x-up: 1`` and trailer ``x-trail: done``.
+    and a trailer); ``b"refuse"`` answers UNAVAILABLE with its own pushback trailer;
+    ``b"hang"`` makes it wait until cancelled (noted in ``seen``). Every call
+    answers initial metadata ``x-up: 1`` and trailer ``x-trail: done``. ``Hello``
+    is a bidi method that speaks first, then echoes.
     """
 
     def __init__(self, port: int = 0) -> None:
@@ -62,6 +64,7 @@ class Upstream:
             "Server": grpc.unary_stream_rpc_method_handler(self._server_stream),
             "Client": grpc.stream_unary_rpc_method_handler(self._client_stream),
             "Bidi": grpc.stream_stream_rpc_method_handler(self._bidi),
+            "Hello": grpc.stream_stream_rpc_method_handler(self._hello),
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),)
@@ -95,6 +98,9 @@ class Upstream:
             code = grpc.StatusCode[request[5:].decode()]
             context.set_trailing_metadata((("x-trail", "failed"),))
             await context.abort(code, f"asked for {code.name}")
+        if request == b"refuse":
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", "50"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
         if request == b"hang":
             self.hanging.set()
             try:
@@ -128,6 +134,13 @@ class Upstream:
         async for request in requests:
             await self._answer(seen, context, request)
             yield request.upper()
+
+    async def _hello(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        seen = await self._begin("Hello", context)
+        yield b"hello"
+        async for request in requests:
+            seen.requests.append(request)
+            yield request
 
 
 async def messages(*items: bytes) -> AsyncIterator[bytes]:
