@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-
 Factory = Callable[..., Any]
 
 
