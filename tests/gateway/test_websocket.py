@@ -45,7 +45,7 @@ def test_messages_and_close_codes_pass_through(
 def test_connection_limit_refuses_handshake_and_frees_slots(
     upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
-    """Over connections_per_client: 429 + Retry-After at the handshake; a vanished client frees its slot."""
+    """Over the connection limit: 429 + Retry-After; a vanished client frees its slot."""
     up = upstream_factory()
     gw = _gateway(gateway_factory, up, {"connections_per_client": 2})
 
