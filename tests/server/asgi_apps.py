@@ -104,3 +104,14 @@ def ratelimit_app() -> Any:
         headers=os.environ.get("SG_HEADERS", "both"),
         on_store_error=os.environ.get("SG_MODE", "open"),
     )
+
+
+def idempotent_app() -> Any:
+    """IdempotencyMiddleware over a Redis-counting app (SG_REDIS, SG_PREFIX, SG_DELAY)."""
+    from stormguard.asgi import IdempotencyMiddleware
+    from stormguard.stores import AsyncRedisStore
+
+    url, prefix = os.environ["SG_REDIS"], os.environ["SG_PREFIX"]
+    app = Counting(url, prefix, delay=float(os.environ.get("SG_DELAY", "0")))
+    store = AsyncRedisStore(url, prefix=prefix)
+    return IdempotencyMiddleware(app, store=store, scope="header:X-API-Key")
