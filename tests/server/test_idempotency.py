@@ -75,18 +75,18 @@ async def test_handler_exception_releases_the_claim() -> None:
 
 async def test_duplicate_while_in_flight_gets_409() -> None:
     """A duplicate arriving while the first runs gets 409 + a short Retry-After."""
-    gate = asyncio.Event()
+    gate, started = asyncio.Event(), asyncio.Event()
     runs: list[str] = []
 
     async def slow(scope: Any, receive: Any, send: Any) -> None:
         runs.append(scope["path"])
+        started.set()
         await gate.wait()
         await respond(send, 201, {"ok": True})
 
     async with client(IdempotencyMiddleware(slow)) as c:
         first = asyncio.create_task(c.post("/pay", headers=key("k")))
-        while not runs:
-            await asyncio.sleep(0)
+        await started.wait()
         duplicate = await c.post("/pay", headers=key("k"))
         gate.set()
         assert (await first).status_code == 201
