@@ -13,8 +13,9 @@ Works under uvicorn, hypercorn, granian and in FastAPI, Starlette or Litestar
 
 from __future__ import annotations
 
+from .server._concurrency import ConcurrencyMiddleware
 from .server._idempotency import IdempotencyMiddleware
 from .server._ratelimit import RateLimitMiddleware
 from .server._rules import Rule
 
-__all__ = ["IdempotencyMiddleware", "RateLimitMiddleware", "Rule"]
+__all__ = ["ConcurrencyMiddleware", "IdempotencyMiddleware", "RateLimitMiddleware", "Rule"]

@@ -115,3 +115,17 @@ def idempotent_app() -> Any:
     app = Counting(url, prefix, delay=float(os.environ.get("SG_DELAY", "0")))
     store = AsyncRedisStore(url, prefix=prefix)
     return IdempotencyMiddleware(app, store=store, scope="header:X-API-Key")
+
+
+def concurrency_app() -> Any:
+    """ConcurrencyMiddleware(limit=1) over an app whose /hang waits for the client to go."""
+    from stormguard.asgi import ConcurrencyMiddleware
+
+    inner = Counting()
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/hang":
+            await asyncio.Event().wait()
+        await inner(scope, receive, send)
+
+    return ConcurrencyMiddleware(app, limit=1)
