@@ -17,5 +17,12 @@ from .server._concurrency import ConcurrencyMiddleware
 from .server._idempotency import IdempotencyMiddleware
 from .server._ratelimit import RateLimitMiddleware
 from .server._rules import Rule
+from .server._websocket import WebSocketLimits
 
-__all__ = ["ConcurrencyMiddleware", "IdempotencyMiddleware", "RateLimitMiddleware", "Rule"]
+__all__ = [
+    "ConcurrencyMiddleware",
+    "IdempotencyMiddleware",
+    "RateLimitMiddleware",
+    "Rule",
+    "WebSocketLimits",
+]

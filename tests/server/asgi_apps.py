@@ -129,3 +129,19 @@ def concurrency_app() -> Any:
         await inner(scope, receive, send)
 
     return ConcurrencyMiddleware(app, limit=1)
+
+
+def websocket_app() -> Any:
+    """RateLimitMiddleware with WebSocket limits over the echo app (SG_LIMIT per key)."""
+    from stormguard.asgi import RateLimitMiddleware, Rule, WebSocketLimits
+
+    limits = WebSocketLimits(
+        connections_per_client=2,
+        messages_per_second=1,
+        burst=3,
+        on_message_limit=os.environ.get("SG_ON_LIMIT", "close"),  # type: ignore[arg-type]
+    )
+    rules = [Rule(os.environ.get("SG_LIMIT", "100/minute"), key="header:X-API-Key", paths="/ws")]
+    return RateLimitMiddleware(
+        Counting(), rules, websocket=limits, websocket_key="header:X-API-Key"
+    )
