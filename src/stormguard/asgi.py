@@ -13,7 +13,16 @@ Works under uvicorn, hypercorn, granian and in FastAPI, Starlette or Litestar
 
 from __future__ import annotations
 
+from .server._concurrency import ConcurrencyMiddleware
+from .server._idempotency import IdempotencyMiddleware
 from .server._ratelimit import RateLimitMiddleware
 from .server._rules import Rule
+from .server._websocket import WebSocketLimits
 
-__all__ = ["RateLimitMiddleware", "Rule"]
+__all__ = [
+    "ConcurrencyMiddleware",
+    "IdempotencyMiddleware",
+    "RateLimitMiddleware",
+    "Rule",
+    "WebSocketLimits",
+]

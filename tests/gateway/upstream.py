@@ -84,13 +84,20 @@ def main() -> None:
     app["name"] = sys.argv[2] if len(sys.argv) > 2 else "upstream"
     app.router.add_route("*", "/echo{tail:.*}", echo)
     app.router.add_route("*", "/v1/{tail:.*}", echo)
-    app.router.add_get("/status/{code}", status)
+    app.router.add_route("*", "/status/{code}", status)
     app.router.add_route("*", "/slow", slow)
     app.router.add_get("/stream", stream)
     app.router.add_get("/big", big)
     app.router.add_get("/count", count)
     app.router.add_get("/ws", ws)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+    )
 
 
 if __name__ == "__main__":

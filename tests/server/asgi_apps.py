@@ -104,3 +104,44 @@ def ratelimit_app() -> Any:
         headers=os.environ.get("SG_HEADERS", "both"),
         on_store_error=os.environ.get("SG_MODE", "open"),
     )
+
+
+def idempotent_app() -> Any:
+    """IdempotencyMiddleware over a Redis-counting app (SG_REDIS, SG_PREFIX, SG_DELAY)."""
+    from stormguard.asgi import IdempotencyMiddleware
+    from stormguard.stores import AsyncRedisStore
+
+    url, prefix = os.environ["SG_REDIS"], os.environ["SG_PREFIX"]
+    app = Counting(url, prefix, delay=float(os.environ.get("SG_DELAY", "0")))
+    store = AsyncRedisStore(url, prefix=prefix)
+    return IdempotencyMiddleware(app, store=store, scope="header:X-API-Key")
+
+
+def concurrency_app() -> Any:
+    """ConcurrencyMiddleware(limit=1) over an app whose /hang waits for the client to go."""
+    from stormguard.asgi import ConcurrencyMiddleware
+
+    inner = Counting()
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/hang":
+            await asyncio.Event().wait()
+        await inner(scope, receive, send)
+
+    return ConcurrencyMiddleware(app, limit=1)
+
+
+def websocket_app() -> Any:
+    """RateLimitMiddleware with WebSocket limits over the echo app (SG_LIMIT per key)."""
+    from stormguard.asgi import RateLimitMiddleware, Rule, WebSocketLimits
+
+    limits = WebSocketLimits(
+        connections_per_client=2,
+        messages_per_second=1,
+        burst=3,
+        on_message_limit=os.environ.get("SG_ON_LIMIT", "close"),  # type: ignore[arg-type]
+    )
+    rules = [Rule(os.environ.get("SG_LIMIT", "100/minute"), key="header:X-API-Key", paths="/ws")]
+    return RateLimitMiddleware(
+        Counting(), rules, websocket=limits, websocket_key="header:X-API-Key"
+    )

@@ -213,7 +213,7 @@ async def _to_upstream(
     method: str = scope["method"]
     chunked = _header(scope, b"transfer-encoding") is not None
     body_done = asyncio.Event()
-    body: bytes | AsyncIterator[bytes] | None
+    body: bytes | _Stream | None
     try:
         if not chunked and (length is None or length == 0):
             body = None if method in _BODYLESS or length is None else b""
@@ -222,7 +222,7 @@ async def _to_upstream(
             body = await _read_all(receive, route, rt.config.body_timeout)
             body_done.set()
         else:
-            body = _stream(receive, route.max_body, rt.config.body_timeout, body_done)
+            body = _Stream(receive, route.max_body, rt.config.body_timeout, body_done)
     except _TooLarge:
         await _refuse(send, ex, Refusal.of(413, "request body too large", reason="too_large"))
         return
@@ -291,21 +291,45 @@ async def _receive(receive: Receive, wait: float) -> Any:
     return message
 
 
-async def _stream(
-    receive: Receive, cap: int, wait: float, done: asyncio.Event
-) -> AsyncIterator[bytes]:
-    size = 0
-    while True:
-        message = await _receive(receive, wait)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            raise _TooLarge
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            done.set()
-            return
+class _Stream:
+    """A request body streamed to the upstream; remembers why it stopped early."""
+
+    __slots__ = ("cap", "done", "error", "receive", "wait")
+
+    def __init__(self, receive: Receive, cap: int, wait: float, done: asyncio.Event) -> None:
+        self.receive, self.cap, self.wait, self.done = receive, cap, wait, done
+        self.error: Exception | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        try:
+            while True:
+                message = await _receive(self.receive, self.wait)
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.cap:
+                    raise _TooLarge
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    self.done.set()
+                    return
+        except (_TooLarge, _BodyTimeout, _ClientGone) as exc:
+            self.error = exc
+            raise
+
+
+async def _body_failed(exc: Exception, send: Send, ex: _Exchange) -> None:
+    if isinstance(exc, _TooLarge):
+        await _refuse(send, ex, Refusal.of(413, "request body too large", reason="too_large"))
+    elif isinstance(exc, _BodyTimeout):
+        msg = "request body not received in time"
+        await send_refusal(
+            send, Refusal.of(408, msg, reason="body_timeout", headers=[("Connection", "close")])
+        )
+        ex.outcome, ex.status = "body_timeout", 408
+    else:
+        ex.outcome, ex.status = "client_gone", 499
 
 
 def _failure_of(exc: BaseException) -> Failure:
@@ -323,7 +347,7 @@ async def _attempts(
     scope: Scope,
     send: Send,
     ex: _Exchange,
-    body: bytes | AsyncIterator[bytes] | None,
+    body: bytes | _Stream | None,
 ) -> None:
     import aiohttp
     import yarl
@@ -360,6 +384,11 @@ async def _attempts(
                 method, url, headers=headers, data=body, allow_redirects=False
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(body, _Stream) and body.error is not None:
+                if permit is not None:
+                    await permit.arelease()  # the client's fault, not the upstream's
+                await _body_failed(body.error, send, ex)
+                return
             failure = _failure_of(exc)
             pool.report(target, True)
             if permit is not None:

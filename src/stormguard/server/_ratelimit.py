@@ -25,9 +25,10 @@ from ._refusal import (
     send_websocket_refusal,
     unavailable,
 )
-from ._rules import Rule
+from ._rules import ClientAddress, KeySpec, Rule, compile_key
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._view import ScopeView
+from ._websocket import WebSocketGuard, WebSocketLimits
 
 __all__ = ["RateLimitMiddleware", "refusal_for"]
 
@@ -50,7 +51,9 @@ class RateLimitMiddleware:
     ``"closed"`` (503 while the store is down) or ``"local"``. ``headers``:
     ``"ietf"``, ``"github"`` or ``"both"``; ``headers_on_allowed`` adds them to
     admitted responses too. ``trusted_proxies``: CIDRs whose ``X-Forwarded-For`` /
-    ``Forwarded`` is believed for ``key="ip"`` (none by default).
+    ``Forwarded`` is believed for ``key="ip"`` (none by default). ``websocket``:
+    :class:`WebSocketLimits` for WebSocket connections, per client as named by
+    ``websocket_key`` (after the rules admitted the handshake).
     """
 
     def __init__(
@@ -65,6 +68,8 @@ class RateLimitMiddleware:
         trusted_proxies: Sequence[str] = (),
         instances: int | None = None,
         retry_store_after: float = 1.0,
+        websocket: WebSocketLimits | None = None,
+        websocket_key: KeySpec = "ip",
     ) -> None:
         self.app = app
         self.style: HeaderStyle = check_style(headers)
@@ -78,17 +83,24 @@ class RateLimitMiddleware:
             instances=instances,
             retry_store_after=retry_store_after,
         )
+        self.websocket = None
+        if websocket is not None:
+            self.websocket = WebSocketGuard(
+                websocket, store=self.rules.store, on_store_error=on_store_error
+            )
+            self.websocket_key = compile_key(websocket_key, ClientAddress.of(trusted_proxies))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind != "http" and kind != "websocket":
             await self.app(scope, receive, send)
             return
+        view = ScopeView(scope)
         decision = await self.rules.adecide(
-            ScopeView(scope), scope.get("method", "GET"), scope.get("path", "/")
+            view, scope.get("method", "GET"), scope.get("path", "/")
         )
         if decision is None:
-            await self.app(scope, receive, send)
+            await self._pass(kind, view, scope, receive, send)
             return
         if not decision.allowed:
             refusal = refusal_for(decision, self.rules, self.style)
@@ -100,7 +112,15 @@ class RateLimitMiddleware:
             return
         if self.headers_on_allowed and kind == "http":
             send = _with_headers(send, limit_headers(decision, self.style))
-        await self.app(scope, receive, send)
+        await self._pass(kind, view, scope, receive, send)
+
+    async def _pass(
+        self, kind: str, view: ScopeView, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if kind == "websocket" and self.websocket is not None:
+            await self.websocket.run(self.app, scope, receive, send, self.websocket_key(view))
+        else:
+            await self.app(scope, receive, send)
 
 
 def _with_headers(send: Send, headers: list[tuple[str, str]]) -> Send:
