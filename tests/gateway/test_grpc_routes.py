@@ -7,7 +7,8 @@ import pytest
 from stormguard import ConfigError
 from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._grpc_gateway import pushback
-from stormguard.gateway._grpc_routes import GrpcRoute, MetadataView, RouteTable, peer_ip, target_of
+from stormguard.gateway._grpc_routes import GrpcRoute, RouteTable, target_of
+from stormguard.server._grpc import _CallView
 
 UPSTREAMS = {"a": object(), "b": object()}
 
@@ -62,29 +63,19 @@ def test_route_table_rejects_unknown_upstreams_and_repeats(
     assert caught.value.field == field
 
 
-@pytest.mark.parametrize(
-    ("peer", "ip"),
-    [
-        ("ipv4:127.0.0.1:5000", "127.0.0.1"),
-        ("ipv6:[::1]:5000", "::1"),
-        ("unix:/tmp/socket", None),
-        ("", None),
-    ],
-)
-def test_peer_ip_drops_the_port(peer: str, ip: str | None) -> None:
-    """The peer address is the ip without its port (pinned for gRPC keys)."""
-    assert peer_ip(peer) == ip
+class Context:
+    """The two things of a grpc.aio servicer context the call view reads."""
 
+    def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], peer: str) -> None:
+        self._metadata, self._peer = metadata, peer
 
-def test_metadata_view_reads_text_metadata_only() -> None:
-    """Repeated text values are comma-joined; binary (-bin) values are not headers."""
-    view = MetadataView(
-        (("x-api-key", "k1"), ("x-tag", "a"), ("x-tag", "b"), ("x-id-bin", b"\x00")),
-        "ipv4:10.1.2.3:999",
-    )
-    assert (view.header("x-api-key"), view.header("x-tag")) == ("k1", "a, b")
-    assert view.header("x-id-bin") is None
-    assert view.peer() == "10.1.2.3"
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """Request metadata."""
+        return self._metadata
+
+    def peer(self) -> str:
+        """The peer string."""
+        return self._peer
 
 
 @pytest.mark.parametrize(
@@ -99,7 +90,8 @@ def test_the_gateway_identity_names_a_grpc_client(
 ) -> None:
     """The gateway's clients.key list reads metadata first, then the peer ip."""
     identity = ClientIdentity(["header:x-api-key", "ip"], [])
-    assert identity.identify(MetadataView(metadata, "ipv4:10.1.2.3:999"))[1] == key
+    view = _CallView({}, Context((*metadata, ("x-id-bin", b"\x00")), "ipv4:10.1.2.3:999"))
+    assert identity.identify(view)[1] == key
 
 
 @pytest.mark.parametrize(
@@ -111,7 +103,9 @@ def test_bad_grpc_targets_are_config_errors(urls: list[str]) -> None:
         target_of(urls)
 
 
-@pytest.mark.parametrize(("seconds", "millis"), [(0.2, "200"), (1.0001, "1001"), (-1.0, "0")])
+@pytest.mark.parametrize(
+    ("seconds", "millis"), [(0.2, "200"), (1.0001, "1001"), (-1.0, "0"), (float("inf"), "-1")]
+)
 def test_pushback_is_whole_milliseconds_rounded_up(seconds: float, millis: str) -> None:
     """A client obeying the pushback never comes back early."""
     assert pushback(seconds) == (("grpc-retry-pushback-ms", millis),)

@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -31,6 +30,7 @@ import grpc
 import grpc.aio
 
 from .._errors import BulkheadFull, CircuitOpen
+from ..server._grpc import PUSHBACK, _CallView, _pushback_ms
 from ._clients import ClientIdentity
 from ._grpc_proxy import (
     Forwarded,
@@ -42,12 +42,11 @@ from ._grpc_proxy import (
     never_reached,
     refuse,
 )
-from ._grpc_routes import CLIENT_KEY, GrpcRoute, MetadataView, RouteTable, target_of
+from ._grpc_routes import CLIENT_KEY, GrpcRoute, RouteTable, target_of
 from ._upstream import UpstreamPool
 
-__all__ = ["PUSHBACK", "GrpcGateway", "pushback"]
+__all__ = ["PUSHBACK", "GrpcGateway", "Record", "pushback"]
 
-PUSHBACK = "grpc-retry-pushback-ms"
 BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests
 _BREAKER_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # record(route, outcome, client key): one call per routed call.
@@ -55,8 +54,9 @@ Record = Callable[[str, str, str], None]
 
 
 def pushback(seconds: float) -> MetadataPairs:
-    """The gRFC A6 trailer asking a client to wait ``seconds`` (whole ms, rounded up)."""
-    return ((PUSHBACK, str(max(0, math.ceil(seconds * 1000)))),)
+    """The gRFC A6 trailer asking a client to wait ``seconds`` (whole ms, rounded up;
+    ``-1``, "do not retry", for a wait that never ends), as the server side sends it."""
+    return ((PUSHBACK, _pushback_ms(max(0.0, seconds)) or "0"),)
 
 
 def _has_pushback(trailers: MetadataPairs) -> bool:
@@ -163,8 +163,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         self, route: GrpcRoute, method: str, context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> None:
         pool = self.upstreams[route.upstream]
-        metadata = context.invocation_metadata()
-        view = MetadataView(metadata, context.peer())
+        view = _CallView({}, context)  # raw: what a callable key gets (the client's key)
         client = view.raw[CLIENT_KEY] = self.identity.identify(view)[1]
         rules = route.rules
         decision = None if rules is None else await rules.adecide(view, "POST", method)
@@ -180,7 +179,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             refuse(context, code, "rate limited", pushback(decision.retry_after))
             return
         try:
-            await self._admitted(route, pool, method, context, metadata, client)
+            await self._admitted(route, pool, method, context, client)
         finally:
             if decision is not None and route.leased:
                 await route.release(decision, view)
@@ -191,7 +190,6 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         pool: UpstreamPool,
         method: str,
         context: grpc.aio.ServicerContext[bytes, bytes],
-        metadata: Any,
         client: str,
     ) -> None:
         try:
@@ -208,7 +206,8 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             return
         permit = admission.permit
         try:
-            result = await self._call(pool, method, context, forwardable(metadata))
+            metadata = forwardable(context.invocation_metadata())
+            result = await self._call(pool, method, context, metadata)
         except asyncio.CancelledError:
             # grpc cancels the handler when the client cancels or its deadline passes.
             timed_out = (context.time_remaining() or 1.0) <= 0

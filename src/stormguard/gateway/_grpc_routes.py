@@ -7,9 +7,8 @@
 #
 # Routes: `pkg.Service/Method` beats `pkg.Service`; a method no route names is
 # answered UNIMPLEMENTED by grpc itself. The client is named by the gateway's
-# ClientIdentity (the server side's key specs) over MetadataView: `header:NAME`
-# reads request metadata (names are lower case on the wire), `ip` the peer
-# address without its port.
+# ClientIdentity (the server side's key specs) over the server side's gRPC call
+# view: `header:NAME` reads request metadata, `ip` the peer address without port.
 from __future__ import annotations
 
 import ipaddress
@@ -27,8 +26,6 @@ __all__ = [
     "GrpcRoute",
     "RefuseWith",
     "RouteTable",
-    "MetadataView",
-    "peer_ip",
     "target_of",
 ]
 
@@ -138,44 +135,3 @@ class RouteTable:
         if route is None:
             route = self._routes.get(name.partition("/")[0])
         return route
-
-
-def peer_ip(peer: str) -> str | None:
-    """The address of a grpc peer string without its port (``ipv4:1.2.3.4:5`` -> ``1.2.3.4``)."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0] or None
-    if kind == "ipv6":
-        return rest.rpartition(":")[0].strip("[]") or None
-    return None
-
-
-class MetadataView:
-    """A gRPC call as a key function sees it (``RequestView`` of stormguard.server).
-
-    ``raw`` is a dict: ``metadata``, ``peer`` and, once known, the client's key
-    under ``"stormguard.client"``.
-    """
-
-    __slots__ = ("_headers", "_metadata", "_peer", "raw")
-
-    def __init__(self, metadata: Iterable[tuple[str, str | bytes]] | None, peer: str) -> None:
-        self.raw: dict[str, Any] = {"metadata": metadata, "peer": peer}
-        self._metadata = metadata
-        self._peer = peer
-        self._headers: dict[str, str] | None = None
-
-    def header(self, name: str) -> str | None:
-        """A text metadata value by lower-case name (repeated ones comma-joined)."""
-        headers = self._headers
-        if headers is None:
-            headers = {}
-            for key, value in self._metadata or ():
-                if isinstance(value, str):
-                    headers[key] = f"{headers[key]}, {value}" if key in headers else value
-            self._headers = headers
-        return headers.get(name)
-
-    def peer(self) -> str | None:
-        """The peer's address without its port."""
-        return peer_ip(self._peer)
