@@ -7,14 +7,20 @@ import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
-from test_grpc_support import SERVICE, Upstream, free_port, trailer
+from test_grpc_support import (
+    SERVICE,
+    Upstream,
+    free_port,
+    trailer,
+    upstream_fixture,  # noqa: F401  (the `upstream` fixture)
+)
 
 from stormguard.gateway._grpc_gateway import PUSHBACK
 
@@ -84,16 +90,6 @@ class GatewayProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    """The raw-bytes upstream on a free loopback port."""
-    server = await Upstream().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,15 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import grpc.aio
 import pytest
-from test_grpc_support import RETRY_POLICY, SERVICE, Upstream, free_port, messages, trailer
+from test_grpc_support import (
+    RETRY_POLICY,
+    SERVICE,
+    Upstream,
+    free_port,
+    messages,
+    trailer,
+    upstream_fixture,  # noqa: F401  (the `upstream` fixture)
+)
 
 from stormguard import CircuitBreaker, Concurrency, RetryBudget, TokenBucket
 from stormguard.gateway._config import Upstream as UpstreamSettings
@@ -22,16 +30,6 @@ from stormguard.stores import AsyncRedisStore, MemoryStore
 from stormguard.testing import FakeClock
 
 UNARY = f"/{SERVICE}/Unary"
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    """The raw-bytes upstream on a free loopback port."""
-    server = await Upstream().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 class Gateway:
@@ -228,17 +226,25 @@ async def test_upstream_unavailable_counts_for_the_breaker(
     assert breaker.state == "open"
 
 
-async def test_full_bulkhead_refuses_with_pushback(gateway: Gateway, upstream: Upstream) -> None:
-    """With every slot taken, a call is refused UNAVAILABLE + pushback without reaching upstream."""
-    server = await gateway.start(pool(upstream.target, bulkhead={"limit": 1}))
+async def refused_while_one_hangs(
+    server: GrpcProxyServer, upstream: Upstream
+) -> grpc.aio.AioRpcError:
+    """The error of a second call made while a first one hangs in the upstream."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
         hanging = chan.unary_unary(UNARY)(b"hang", timeout=20)
         await asyncio.wait_for(upstream.hanging.wait(), 10)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await chan.unary_unary(UNARY)(b"b", timeout=20)
         hanging.cancel()
-    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert trailer(caught.value.trailing_metadata(), PUSHBACK) == "1000"
+    return caught.value
+
+
+async def test_full_bulkhead_refuses_with_pushback(gateway: Gateway, upstream: Upstream) -> None:
+    """With every slot taken, a call is refused UNAVAILABLE + pushback without reaching upstream."""
+    server = await gateway.start(pool(upstream.target, bulkhead={"limit": 1}))
+    error = await refused_while_one_hangs(server, upstream)
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailer(error.trailing_metadata(), PUSHBACK) == "1000"
     assert [seen.requests for seen in upstream.seen] == [[b"hang"]]
     assert server.stats[SERVICE]["bulkhead_full"] == 1
 
@@ -320,13 +326,8 @@ async def test_concurrency_limit_slot_comes_back_when_the_call_ends(
     server = await gateway.start(pool(upstream.target), limits=RuleSet([rule]))
     assert await unary(server) == b"echo:a"
     assert await unary(server) == b"echo:a"
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
-        hanging = chan.unary_unary(UNARY)(b"hang", timeout=20)
-        await asyncio.wait_for(upstream.hanging.wait(), 10)
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await chan.unary_unary(UNARY)(b"b", timeout=20)
-        hanging.cancel()
-    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    error = await refused_while_one_hangs(server, upstream)
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
     assert server.stats[SERVICE]["limited:in-flight"] == 1
 
 

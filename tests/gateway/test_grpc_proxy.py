@@ -9,7 +9,13 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from test_grpc_support import SERVICE, Upstream, messages, trailer
+from test_grpc_support import (
+    SERVICE,
+    Upstream,
+    messages,
+    trailer,
+    upstream_fixture,  # noqa: F401  (the `upstream` fixture)
+)
 
 from stormguard.gateway._config import Upstream as UpstreamSettings
 from stormguard.gateway._grpc_proxy import forwardable
@@ -21,16 +27,6 @@ from stormguard.gateway._upstream import UpstreamPool
 def pool(url: str) -> dict[str, UpstreamPool]:
     """The gateway's upstream object for ``url``, by name."""
     return {"echo": UpstreamPool("echo", UpstreamSettings(url=url))}
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    """The raw-bytes upstream on a free loopback port."""
-    server = await Upstream().start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 @pytest.fixture

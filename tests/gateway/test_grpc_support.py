@@ -1,7 +1,8 @@
 """Support for the gRPC gateway tests: an upstream grpc.aio server with raw-bytes handlers.
 
 No .proto files: the upstream registers generic handlers for ``test.Echo`` with one
-method of each kind; messages are bytes. Nothing here is collected as a test.
+method of each kind; messages are bytes. Nothing here is collected as a test; the
+``upstream`` fixture is imported by the test modules.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import pytest
 
 SERVICE = "test.Echo"
 Pairs = tuple[tuple[str, str | bytes], ...]
@@ -152,3 +154,13 @@ async def messages(*items: bytes) -> AsyncIterator[bytes]:
 def trailer(metadata: Any, name: str) -> str | bytes | None:
     """A metadata value by name (None when absent)."""
     return dict(metadata or ()).get(name)
+
+
+@pytest.fixture(name="upstream")
+async def upstream_fixture() -> AsyncIterator[Upstream]:
+    """The raw-bytes upstream on a free loopback port (import it into a test module)."""
+    server = await Upstream().start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -240,15 +240,15 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         if pool.budget is not None:
             await pool.budget.arecord_request()
         pump = Pump(context)
-        try:
-            result = await forward(
-                channel,
-                method,
-                context,
-                pump.messages(),
-                metadata=metadata,
-                time_left=context.time_remaining(),
+
+        def send(requests: AsyncIterator[bytes]) -> Awaitable[Forwarded]:
+            time_left = context.time_remaining()
+            return forward(
+                channel, method, context, requests, metadata=metadata, time_left=time_left
             )
+
+        try:
+            result = await send(pump.messages())
             attempt = 1
             while (
                 attempt < pool.attempts
@@ -258,14 +258,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
                 and await self._ready_to_replay(pool, channel, pump, context)
             ):
                 attempt += 1
-                result = await forward(
-                    channel,
-                    method,
-                    context,
-                    pump.replay(),
-                    metadata=metadata,
-                    time_left=context.time_remaining(),
-                )
+                result = await send(pump.replay())
             return result
         finally:
             pump.close()
