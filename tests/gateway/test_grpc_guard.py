@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -19,8 +21,9 @@ from test_grpc_support import (
 )
 
 from stormguard import CircuitBreaker, Concurrency, RetryBudget, TokenBucket
+from stormguard.gateway._clients import ClientIdentity, client_id
 from stormguard.gateway._config import Upstream as UpstreamSettings
-from stormguard.gateway._grpc_gateway import PUSHBACK
+from stormguard.gateway._grpc_gateway import PUSHBACK, GrpcGateway
 from stormguard.gateway._grpc_routes import CLIENT_KEY, GrpcRoute, RefuseWith
 from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
 from stormguard.gateway._upstream import UpstreamPool
@@ -357,3 +360,47 @@ async def test_update_swaps_routes_for_the_next_call(gateway: Gateway, upstream:
     error = await refused(server)
     assert error.code() is grpc.StatusCode.UNIMPLEMENTED
     assert len(upstream.seen) == 1
+
+
+async def test_upstream_total_timeout_bounds_a_call_without_deadline(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """timeout.total is the upstream deadline when the client sets none; it counts as a timeout."""
+    server = await gateway.start(pool(upstream.target, timeout={"total": 0.2}))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as chan:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await chan.unary_unary(UNARY)(b"hang")
+    assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.wait_for(upstream.cancelled.wait(), 10)
+    assert server.stats[SERVICE] == {"upstream_timeout": 1}
+
+
+async def test_access_log_line_names_policy_status_and_hashed_client(
+    upstream: Upstream, caplog: pytest.LogCaptureFixture, clock: FakeClock
+) -> None:
+    """With access_log on, each call logs one JSON line; the client is a hash, never the key."""
+    leg = GrpcGateway(
+        routes=[GrpcRoute(SERVICE, "echo", limits(clock))],
+        upstreams={"echo": pool(upstream.target)},
+        identity=ClientIdentity(["header:x-api-key", "ip"], []),
+        access_log=True,
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((leg,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="stormguard.gateway.access"):
+            proxy = GrpcProxyServer(server, leg, port)
+            await unary(proxy, key="secret-key")
+            await refused(proxy, key="secret-key")
+    finally:
+        await server.stop(None)
+        await leg.close()
+    lines = [json.loads(r.message) for r in caplog.records if r.name.endswith("access")]
+    assert [(line["status"], line["policy"]) for line in lines] == [
+        ("OK", "allowed"),
+        ("UNAVAILABLE", "limited:per-client"),
+    ]
+    assert {line["client"] for line in lines} == {client_id("h:x-api-key:secret-key")}
+    assert "secret-key" not in caplog.text

@@ -22,6 +22,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -31,11 +34,12 @@ import grpc.aio
 
 from .._errors import BulkheadFull, CircuitOpen
 from ..server._grpc import PUSHBACK, _CallView, _pushback_ms
-from ._clients import ClientIdentity
+from ._clients import ClientIdentity, client_id
 from ._grpc_proxy import (
     Forwarded,
     MetadataPairs,
     Pump,
+    client_messages,
     finish,
     forward,
     forwardable,
@@ -51,6 +55,32 @@ BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests
 _BREAKER_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # record(route, outcome, client key): one call per routed call.
 Record = Callable[[str, str, str], None]
+access_log = logging.getLogger("stormguard.gateway.access")
+
+
+class _Exchange:
+    # What one call came to: for the metrics and the access log.
+    __slots__ = ("client", "code", "outcome", "rule")
+
+    def __init__(self) -> None:
+        self.client = self.rule = ""
+        self.outcome = "allowed"
+        self.code: grpc.StatusCode = grpc.StatusCode.OK
+
+
+def _log_access(route: GrpcRoute, method: str, ex: _Exchange, started: float) -> None:
+    # The HTTP leg's access-log line, with the gRPC method and status name.
+    line = {
+        "grpc": method,
+        "route": route.name,
+        "status": ex.code.name,
+        "policy": ex.outcome,
+        "client": client_id(ex.client) if ex.client else "",
+        "client_rule": ex.rule,
+        "upstream": route.upstream,
+        "ms": round((time.perf_counter() - started) * 1000, 3),
+    }
+    access_log.info(json.dumps(line, separators=(",", ":")))
 
 
 def pushback(seconds: float) -> MetadataPairs:
@@ -85,7 +115,9 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
     ``identity`` names the client (the gateway's ``clients`` section).
     ``record(route, outcome, client)`` receives ``allowed`` or the refusal reason
     (``limited:<limit>``, ``breaker_open``, ``bulkhead_full``, ``upstream_timeout``,
-    ``store_unavailable``) per call; by default it adds to :attr:`stats`.
+    ``store_unavailable``) per call; by default it adds to :attr:`stats`. With
+    ``access_log`` each call is logged as one JSON line on
+    ``stormguard.gateway.access`` (the client as a SHA-256 prefix, never the key).
     :meth:`update` swaps routes and upstreams (a reload); :meth:`close` closes the
     upstream channels.
     """
@@ -97,8 +129,10 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         upstreams: Mapping[str, UpstreamPool],
         identity: ClientIdentity | None = None,
         record: Record | None = None,
+        access_log: bool = False,
     ) -> None:
         self.identity = identity or ClientIdentity(("ip",), ())
+        self.access_log = access_log
         self.stats: dict[str, Counter[str]] = {}
         self._record: Record = record or self._add
         self._channels: dict[str, tuple[UpstreamPool, grpc.aio.Channel]] = {}
@@ -162,47 +196,61 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
     async def _handle(
         self, route: GrpcRoute, method: str, context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> None:
-        pool = self.upstreams[route.upstream]
+        started = time.perf_counter()
+        ex = _Exchange()
+        try:
+            await self._limit(route, method, context, ex)
+        finally:
+            self._record(route.name, ex.outcome, ex.client)
+            if self.access_log:
+                _log_access(route, method, ex, started)
+
+    async def _limit(
+        self,
+        route: GrpcRoute,
+        method: str,
+        context: grpc.aio.ServicerContext[bytes, bytes],
+        ex: _Exchange,
+    ) -> None:
         view = _CallView({}, context)  # raw: what a callable key gets (the client's key)
-        client = view.raw[CLIENT_KEY] = self.identity.identify(view)[1]
+        ex.rule, ex.client = self.identity.identify(view)
+        view.raw[CLIENT_KEY] = ex.client
         rules = route.rules
         decision = None if rules is None else await rules.adecide(view, "POST", method)
         if decision is not None and not decision.allowed:
             assert rules is not None
             if rules.store_down and rules.fails_closed:
-                code, outcome = grpc.StatusCode.UNAVAILABLE, "store_unavailable"
+                ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, "store_unavailable"
             elif route.refuse_with == "resource_exhausted":
-                code, outcome = grpc.StatusCode.RESOURCE_EXHAUSTED, f"limited:{decision.name}"
+                ex.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                ex.outcome = f"limited:{decision.name}"
             else:
-                code, outcome = grpc.StatusCode.UNAVAILABLE, f"limited:{decision.name}"
-            self._record(route.name, outcome, client)
-            refuse(context, code, "rate limited", pushback(decision.retry_after))
+                ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, f"limited:{decision.name}"
+            refuse(context, ex.code, "rate limited", pushback(decision.retry_after))
             return
         try:
-            await self._admitted(route, pool, method, context, client)
+            await self._admit(route, method, context, ex)
         finally:
             if decision is not None and route.leased:
                 await route.release(decision, view)
 
-    async def _admitted(
+    async def _admit(
         self,
         route: GrpcRoute,
-        pool: UpstreamPool,
         method: str,
         context: grpc.aio.ServicerContext[bytes, bytes],
-        client: str,
+        ex: _Exchange,
     ) -> None:
+        pool = self.upstreams[route.upstream]
         try:
-            admission = await pool.admit(client)
-        except CircuitOpen as exc:
-            self._record(route.name, "breaker_open", client)
-            refuse(context, grpc.StatusCode.UNAVAILABLE, "circuit open", pushback(exc.remaining))
-            return
-        except BulkheadFull:
-            self._record(route.name, "bulkhead_full", client)
-            refuse(
-                context, grpc.StatusCode.UNAVAILABLE, "bulkhead full", pushback(BUSY_RETRY_AFTER)
-            )
+            admission = await pool.admit(ex.client)
+        except (CircuitOpen, BulkheadFull) as exc:
+            ex.code = grpc.StatusCode.UNAVAILABLE
+            if isinstance(exc, CircuitOpen):
+                ex.outcome, details, wait = "breaker_open", "circuit open", exc.remaining
+            else:
+                ex.outcome, details, wait = "bulkhead_full", "bulkhead full", BUSY_RETRY_AFTER
+            refuse(context, ex.code, details, pushback(wait))
             return
         permit = admission.permit
         try:
@@ -212,18 +260,22 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             # grpc cancels the handler when the client cancels or its deadline passes.
             timed_out = (context.time_remaining() or 1.0) <= 0
             if timed_out:
-                self._record(route.name, "upstream_timeout", client)
+                ex.code, ex.outcome = grpc.StatusCode.DEADLINE_EXCEEDED, "upstream_timeout"
+            else:
+                ex.code = grpc.StatusCode.CANCELLED
             if permit is not None:
                 await (permit.arecord(failure=True) if timed_out else permit.arelease())
             raise
         except BaseException:
+            ex.code = grpc.StatusCode.INTERNAL
             if permit is not None:
                 await permit.arecord(failure=True)
             raise
         finally:
             pool.done(admission)
-        timed_out = result.code is grpc.StatusCode.DEADLINE_EXCEEDED
-        self._record(route.name, "upstream_timeout" if timed_out else "allowed", client)
+        ex.code = result.code
+        if result.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            ex.outcome = "upstream_timeout"
         if permit is not None:
             failed = result.code in _BREAKER_FAILURES and not _has_pushback(result.trailers)
             await permit.arecord(failure=failed)
@@ -237,16 +289,21 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         metadata: MetadataPairs,
     ) -> Forwarded:
         channel = self.channel(pool.name)
-        if pool.budget is not None:
-            await pool.budget.arecord_request()
-        pump = Pump(context)
+        total = pool.settings.timeout.total
 
         def send(requests: AsyncIterator[bytes]) -> Awaitable[Forwarded]:
             time_left = context.time_remaining()
+            if total is not None:  # the upstream's own bound on a whole exchange
+                time_left = total if time_left is None else min(time_left, total)
             return forward(
                 channel, method, context, requests, metadata=metadata, time_left=time_left
             )
 
+        if pool.attempts <= 1:
+            return await send(client_messages(context))
+        if pool.budget is not None:
+            await pool.budget.arecord_request()
+        pump = Pump(context)
         try:
             result = await send(pump.messages())
             attempt = 1

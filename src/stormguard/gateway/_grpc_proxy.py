@@ -9,9 +9,10 @@
 # for a direct call (grpc-proxy in Go does the same with a both-ways StreamDesc).
 #
 # One forwarded call:
-#   * a pump task reads the client's messages (context.read) into a small queue
-#     the upstream call consumes; it keeps the first message and notes whether
-#     the client closed after it, so a unary request can be sent again;
+#   * the upstream call reads the client's messages (context.read) as it goes;
+#     where a retry is possible a pump task reads them instead, one small queue
+#     ahead, keeping the first message and noting whether the client closed
+#     after it, so a unary request can be sent again;
 #   * request metadata goes upstream minus transport headers; the client's
 #     deadline (context.time_remaining) becomes the upstream call's timeout, so
 #     the upstream is cancelled when the client gives up;
@@ -43,6 +44,7 @@ __all__ = [
     "Forwarded",
     "MetadataPairs",
     "Pump",
+    "client_messages",
     "finish",
     "forward",
     "forwardable",
@@ -103,6 +105,15 @@ def never_reached(error: grpc.aio.AioRpcError, headers_seen: bool) -> bool:
         return False
     details = (error.details() or "").lower()
     return any(marker in details for marker in _CONNECT_FAILURE)
+
+
+async def client_messages(context: grpc.aio.ServicerContext[bytes, bytes]) -> AsyncIterator[bytes]:
+    """The client's messages read as the upstream call asks for them (nothing kept)."""
+    while True:
+        message = await context.read()
+        if message is _EOF:
+            return
+        yield message
 
 
 class Pump:

@@ -109,6 +109,7 @@ class _GatewayLeg(GrpcGateway):
             upstreams=runtime.upstreams,
             identity=runtime.identity,
             record=self._count,
+            access_log=runtime.config.access_log,
         )
 
     def _instances(self, runtime: Runtime) -> int:
@@ -121,6 +122,7 @@ class _GatewayLeg(GrpcGateway):
         if runtime is not self._runtime:  # reloaded: calls from now on see the new routes
             self._runtime = runtime
             self.identity = runtime.identity
+            self.access_log = runtime.config.access_log
             self.update(grpc_routes(runtime, self._instances(runtime)), runtime.upstreams)
         return super().service(handler_call_details)
 
