@@ -7,7 +7,7 @@
 #   1. the route's limits, all decided in one store call (RuleSet.adecide);
 #   2. UpstreamPool.admit: the breaker (CircuitOpen carries the open time left),
 #      then the client's share and the upstream's bulkhead (BulkheadFull);
-#   4. the forwarded call (_grpc_proxy.forward), retried only when it never reached
+#   3. the forwarded call (_grpc_proxy.forward), retried only when it never reached
 #      the upstream, the request is one message the pump holds, nothing went back
 #      to the client, the attempts allow it and the upstream's budget pays for it.
 # A refusal is UNAVAILABLE (or RESOURCE_EXHAUSTED for a limit where the route says
