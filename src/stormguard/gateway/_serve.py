@@ -178,6 +178,7 @@ async def _serve(
     watcher = _Watcher(path, gateway, admin_app)
     loop = asyncio.get_running_loop()
     grpc_leg = None
+    grpc_stops: list[asyncio.Future[None]] = []
     if config.listen.grpc:  # the gRPC leg (grpcio needed only then)
         from ._grpc_server import start_gateway_grpc
 
@@ -189,7 +190,7 @@ async def _serve(
         for server in servers:
             server.should_exit = True
         if grpc_leg is not None:
-            asyncio.ensure_future(grpc_leg.server.stop(config.drain))
+            grpc_stops.append(asyncio.ensure_future(grpc_leg.server.stop(config.drain)))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
