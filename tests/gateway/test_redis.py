@@ -128,5 +128,5 @@ def test_workers_share_limits_and_metrics(
     assert codes == [200] * 5 + [429] * 4
     status = gw.status()
     assert status["routes"]["/"] == {"allowed": 5, "limited:pc": 4}
-    code, metrics = gw.admin("/metrics")
+    _, metrics = gw.admin("/metrics")
     assert b'stormguard_gateway_requests_total{outcome="allowed",route="/"} 5.0' in metrics
