@@ -15,11 +15,10 @@ from typing import Any
 from .. import AsyncRateLimiter
 from .._errors import CircuitOpen
 from ..core._limiters import Concurrency, TokenBucket
-from ..server._websocket import WebSocketGuard, WebSocketLimits
 from ..server._refusal import Refusal, rate_limited, send_websocket_refusal, unavailable
 from ..server._types import Receive, Scope, Send
 from ..server._view import ScopeView
-from ..stores import MemoryStore
+from ..server._websocket import WebSocketGuard, WebSocketLimits
 from ._clients import client_id
 from ._config import WebSocketSettings
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
@@ -135,6 +134,7 @@ async def handle_websocket(
     gauge = rt.metrics.websockets.labels(route.name)
     gauge.inc()
     rt.metrics.count(route.name, "allowed")
+
     async def leg(scope: Scope, receive: Receive, send: Send) -> None:
         await _proxy(rt, route, scope, receive, send, hub)
 
