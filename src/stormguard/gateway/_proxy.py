@@ -22,14 +22,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .._errors import BulkheadFull, CircuitOpen
+from .._errors import CircuitOpen
 from ..core._outcome import Failure, Verdict, classify_error, classify_status
+from ..server._idempotency import IdempotencyMiddleware
 from ..server._refusal import Refusal, rate_limited, send_refusal, unavailable
-from ..server._types import Receive, Scope, Send
+from ..server._types import Message, Receive, Scope, Send
 from ..server._view import ScopeView
 from ._clients import client_id
-from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
-from ._upstream import Admission, Target, UpstreamPool
+from ._runtime import CLIENT_KEY, CompiledRoute, Runtime, client_of
+from ._upstream import Held, Target, UpstreamPool
 from ._wire import request_headers, response_headers
 
 __all__ = ["handle_http"]
@@ -143,11 +144,8 @@ async def _serve(
             await _refuse(send, ex, refusal)
             return
     try:
-        idempotency = route.config.idempotency
-        keyless = not _header(scope, b"idempotency-key")
-        if idempotency == "require" and scope["method"] in ("POST", "PATCH") and keyless:
-            msg = "this route requires an Idempotency-Key header"
-            await _refuse(send, ex, Refusal.of(400, msg, reason="idempotency_missing"))
+        if route.config.idempotency != "off":
+            await _idempotent(rt, route, scope, receive, send, ex, length)
             return
         await _to_upstream(rt, route, route.upstream, scope, receive, send, ex, length)
     finally:
@@ -156,6 +154,58 @@ async def _serve(
                 limiter = route.leased.get(part.name)
                 if limiter is not None and part.lease:
                     await limiter.release(_limit_key(route, part.name, scope), part.lease)
+
+
+_IDEMPOTENCY_REASONS = {
+    400: "idempotency_invalid",
+    409: "idempotency_conflict",
+    413: "too_large",
+    422: "idempotency_mismatch",
+    503: "store_unavailable",
+}
+_EXCHANGE = "stormguard.exchange"
+
+
+async def _idempotent(
+    rt: Runtime,
+    route: CompiledRoute,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    ex: _Exchange,
+    length: int | None,
+) -> None:
+    # The server side's IdempotencyMiddleware around the upstream leg: the claim per
+    # (client, key), 409 while in flight, 422 on a changed request, the replay, 5xx
+    # released, fail closed when the store is down. Its own answers are refusals.
+    middleware = route.idempotency
+    if middleware is None:
+        pool = route.upstream
+        t = pool.settings.timeout
+        lease = t.total or (t.connect + t.read) * pool.attempts
+        middleware = route.idempotency = IdempotencyMiddleware(
+            _upstream_app,
+            store=rt.store,
+            required=route.config.idempotency == "require",
+            scope=client_of,
+            max_body=route.max_body,
+            lease=max(lease, 1.0) + 5.0,
+        )
+    scope[_EXCHANGE] = (rt, route, ex, length)
+
+    async def observed(message: Message) -> None:
+        if message["type"] == "http.response.start" and not ex.upstream:
+            status = int(message["status"])
+            ex.status = status
+            ex.outcome = _IDEMPOTENCY_REASONS.get(status, "allowed")
+        await send(message)
+
+    await middleware(scope, receive, observed)
+
+
+async def _upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
+    rt, route, ex, length = scope[_EXCHANGE]
+    await _to_upstream(rt, route, route.upstream, scope, receive, send, ex, length)
 
 
 def _limit_key(route: CompiledRoute, name: str, scope: Scope) -> str:
@@ -185,18 +235,17 @@ async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
     return decision
 
 
-async def _admit(pool: UpstreamPool, send: Send, ex: _Exchange) -> Admission | None:
+async def _admit(pool: UpstreamPool, send: Send, ex: _Exchange) -> Held | None:
     try:
-        return await pool.admit(ex.client)
+        held = await pool.admit(ex.client)
     except CircuitOpen as exc:
         detail = f"upstream {pool.name!r} is failing; its circuit is open"
         await _refuse(send, ex, unavailable(exc.remaining, "breaker_open", detail))
-    except BulkheadFull:
-        h = pool.settings.bulkhead
-        wait = max(h.max_wait, 1.0) if h is not None else 1.0
-        detail = f"upstream {pool.name!r} has no free slot"
-        await _refuse(send, ex, unavailable(wait, "bulkhead_full", detail))
-    return None
+        return None
+    if isinstance(held, Refusal):
+        await _refuse(send, ex, held)
+        return None
+    return held
 
 
 async def _to_upstream(
@@ -343,7 +392,7 @@ def _failure_of(exc: BaseException) -> Failure:
 async def _attempts(
     rt: Runtime,
     pool: UpstreamPool,
-    admission: Admission,
+    admission: Held,
     scope: Scope,
     send: Send,
     ex: _Exchange,

@@ -28,7 +28,7 @@ from ._config import GatewayConfig, Limit, Route, WebSocketSettings
 from ._metrics import BREAKER_CODES, GatewayMetrics
 from ._upstream import UpstreamPool
 
-__all__ = ["CLIENT_KEY", "CompiledRoute", "Runtime", "algorithm_of"]
+__all__ = ["CLIENT_KEY", "CompiledRoute", "Runtime", "algorithm_of", "client_of"]
 
 log = logging.getLogger("stormguard.gateway")
 CLIENT_KEY = "stormguard.client"  # scope entry holding the request's client key
@@ -51,7 +51,8 @@ def algorithm_of(limit: Limit) -> Algorithm:
     return window(limit=limit.limit, window=limit.window)  # type: ignore[no-any-return]
 
 
-def _client_of(scope: Any) -> str | None:
+def client_of(scope: Any) -> str | None:
+    """The client key the proxy leg stored in the scope."""
     return scope.get(CLIENT_KEY)  # type: ignore[no-any-return]
 
 
@@ -70,6 +71,7 @@ class CompiledRoute:
     max_body: int
     websocket: WebSocketSettings | None
     leased: dict[str, Any]  # limit name -> limiter, for Concurrency limits
+    idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
 
     def matches(self, path: str, method: str, host: str | None) -> bool:
         """Prefix (segment-aware), methods and host match."""
@@ -137,7 +139,7 @@ class Runtime:
         rules = []
         for name in route.limits:
             limit = config.limits[name]
-            key: Any = "global" if limit.per == "global" else _client_of
+            key: Any = "global" if limit.per == "global" else client_of
             rules.append(Rule(algorithm_of(limit), key=key, name=name))
         ruleset = None
         leased: dict[str, Any] = {}

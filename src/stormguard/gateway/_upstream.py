@@ -1,29 +1,29 @@
 # One upstream as the gateway sees it: its targets (round-robin with passive
 # ejection), its own aiohttp connection pool (pinned: one upstream cannot take every
 # connection), and the protection objects from stormguard.protection around it --
-# a CircuitBreaker (shared through the store when the store is Redis), a Bulkhead
-# with a per-client share, and a RetryBudget for the retries of safe failures.
+# a CircuitBreaker (shared through the store when the store is Redis), the server
+# side's Admission (a Bulkhead with a per-client share), and a RetryBudget for the
+# retries of safe failures.
 #
 # Nothing here speaks ASGI; the proxy leg (_proxy.py) asks for admission, picks a
 # target, and reports what happened.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..protection import Bulkhead, CircuitBreaker, RetryBudget
+from ..protection import CircuitBreaker, RetryBudget
 from ..protection._permit import BreakerEvent, Permit
+from ..server._admission import Admission
+from ..server._refusal import Refusal
 from ._config import Upstream as UpstreamSettings
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["Admission", "Target", "UpstreamPool"]
-
-_MAX_CLIENT_BULKHEADS = 10_000
+__all__ = ["Held", "Target", "UpstreamPool"]
 
 
 class Target:
@@ -39,21 +39,12 @@ class Target:
 
 
 @dataclass(slots=True)
-class Admission:
-    """What one admitted request holds: the breaker permit and the bulkhead slots."""
+class Held:
+    """What one admitted request holds: the breaker permit and its bulkhead slots."""
 
     permit: Permit | None
-    client: Bulkhead | None
-    pool: Bulkhead | None
-
-    def release(self) -> None:
-        """Give the bulkhead slots back (the breaker outcome is reported separately)."""
-        if self.client is not None:
-            self.client.release()
-            self.client = None
-        if self.pool is not None:
-            self.pool.release()
-            self.pool = None
+    client: str | None
+    admitted: bool
 
 
 class UpstreamPool:
@@ -88,8 +79,18 @@ class UpstreamPool:
                 probe_lease=max(settings.timeout.connect + settings.timeout.read, 1.0),
             )
         h = settings.bulkhead
-        self.bulkhead = Bulkhead(h.limit, max_wait=h.max_wait, name=name) if h else None
-        self._per_client: OrderedDict[str, Bulkhead] = OrderedDict()
+        # The server side's Admission: the pool's bulkhead plus a per-client share.
+        self.bulkhead = (
+            Admission(
+                h.limit,
+                per_client=h.per_client,
+                max_wait=h.max_wait,
+                retry_after=max(1.0, h.max_wait),
+                name=name,
+            )
+            if h
+            else None
+        )
         r = settings.retries
         self.attempts = r.attempts if r is not None else 1
         self.budget: RetryBudget | None = None
@@ -101,47 +102,34 @@ class UpstreamPool:
 
     # -- admission -----------------------------------------------------------------
 
-    async def admit(self, client: str) -> Admission:
-        """Ask the breaker, then the client's share, then the pool for a slot.
+    async def admit(self, client: str) -> Held | Refusal:
+        """Ask the breaker, then the bulkhead (client share, then pool) for a slot.
 
-        Raises :class:`CircuitOpen` or :class:`BulkheadFull`; holds nothing when it does.
+        Raises :class:`CircuitOpen`; returns the bulkhead's Refusal (503) when full.
+        Holds nothing when it does not admit.
         """
         permit = await self.breaker.aacquire() if self.breaker is not None else None
-        admission = Admission(permit, None, None)
-        try:
-            h = self.settings.bulkhead
-            if h is not None and self.bulkhead is not None:
-                if h.per_client is not None:
-                    share = self._client_bulkhead(client, h.per_client)
-                    await share.aacquire()
-                    admission.client = share
-                await self.bulkhead.aacquire()
-                admission.pool = self.bulkhead
-        except BaseException:
-            admission.release()
-            if permit is not None:
-                await permit.arelease()
-            raise
+        if self.bulkhead is not None:
+            try:
+                refusal = await self.bulkhead.aenter(client)
+            except BaseException:
+                if permit is not None:
+                    await permit.arelease()
+                raise
+            if refusal is not None:
+                if permit is not None:
+                    await permit.arelease()
+                return refusal
         self.in_flight += 1
-        return admission
+        return Held(permit, client, True)
 
-    def done(self, admission: Admission) -> None:
+    def done(self, held: Held) -> None:
         """The request no longer holds the upstream."""
-        self.in_flight -= 1
-        admission.release()
-
-    def _client_bulkhead(self, client: str, limit: int) -> Bulkhead:
-        share = self._per_client.get(client)
-        if share is None:
-            if len(self._per_client) >= _MAX_CLIENT_BULKHEADS:
-                for key, old in list(self._per_client.items()):
-                    if old.in_flight == 0:
-                        del self._per_client[key]
-                        break
-            share = self._per_client[client] = Bulkhead(limit, max_wait=0.0)
-        else:
-            self._per_client.move_to_end(client)
-        return share
+        if held.admitted:
+            held.admitted = False
+            self.in_flight -= 1
+            if self.bulkhead is not None:
+                self.bulkhead.leave(held.client)
 
     # -- targets -------------------------------------------------------------------
 

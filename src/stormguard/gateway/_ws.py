@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from .. import AsyncRateLimiter
@@ -19,7 +18,7 @@ from ..core._limiters import Concurrency, TokenBucket
 from ..server._refusal import Refusal, rate_limited, send_websocket_refusal, unavailable
 from ..server._types import Receive, Scope, Send
 from ..server._view import ScopeView
-from ..stores import MemoryStore
+from ..server._websocket import WebSocketGuard, WebSocketLimits
 from ._clients import client_id
 from ._config import WebSocketSettings
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
@@ -60,24 +59,18 @@ class _Limits:
             if settings.connections_per_second
             else None
         )
-        rate = settings.messages_per_second
-        burst = settings.burst or max(1.0, rate or 1.0)
-        # Per connection: in process memory (a connection lives in one process).
-        self.per_connection = (
-            AsyncRateLimiter(TokenBucket(rate, burst), MemoryStore(), name=f"ws-msg:{route}")
-            if rate
-            else None
-        )
-        client_rate = settings.client_messages_per_second
-        self.per_client = (
-            AsyncRateLimiter(
-                TokenBucket(client_rate, max(burst, client_rate)),
-                store,
-                name=f"ws-client-msg:{route}",
-                on_store_error=mode,
-            )
-            if client_rate
-            else None
+        # Message limits are the server side's WebSocketGuard: per connection in
+        # memory, per client through the store, max_message -> 1009, rate -> 1008.
+        self.guard = WebSocketGuard(
+            WebSocketLimits(
+                messages_per_second=settings.messages_per_second,
+                burst=settings.burst,
+                client_messages_per_second=settings.client_messages_per_second,
+                client_burst=settings.burst,
+                max_message=settings.max_message,
+            ),
+            store=store,
+            on_store_error=mode,
         )
 
 
@@ -141,8 +134,12 @@ async def handle_websocket(
     gauge = rt.metrics.websockets.labels(route.name)
     gauge.inc()
     rt.metrics.count(route.name, "allowed")
+
+    async def leg(scope: Scope, receive: Receive, send: Send) -> None:
+        await _proxy(rt, route, scope, receive, send, hub)
+
     try:
-        await _proxy(rt, route, limits, scope, receive, send, key, hub)
+        await limits.guard.run(leg, scope, receive, send, key)
     finally:
         hub.open.discard(task)
         gauge.dec()
@@ -186,14 +183,7 @@ async def _admit(
 
 
 async def _proxy(
-    rt: Runtime,
-    route: CompiledRoute,
-    limits: _Limits,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    key: str,
-    hub: WebSocketHub,
+    rt: Runtime, route: CompiledRoute, scope: Scope, receive: Receive, send: Send, hub: WebSocketHub
 ) -> None:
     import aiohttp
 
@@ -240,11 +230,8 @@ async def _proxy(
     if upstream.protocol:
         accept["subprotocol"] = upstream.protocol
     await send(accept)
-    connection = os.urandom(6).hex()
-    close_code = [1000, ""]
-    to_up = asyncio.ensure_future(
-        _client_to_upstream(rt, route, limits, receive, upstream, key, connection, close_code)
-    )
+    close_code: list[Any] = [1000, ""]
+    to_up = asyncio.ensure_future(_client_to_upstream(rt, route, receive, upstream, close_code))
     to_client = asyncio.ensure_future(_upstream_to_client(rt, route, upstream, send, close_code))
     try:
         _done, _ = await asyncio.wait({to_up, to_client}, return_when=asyncio.FIRST_COMPLETED)
@@ -274,39 +261,24 @@ async def _record(pool: Any, *, failure: bool) -> None:
 
 
 async def _client_to_upstream(
-    rt: Runtime,
-    route: CompiledRoute,
-    limits: _Limits,
-    receive: Receive,
-    upstream: Any,
-    key: str,
-    connection: str,
-    close_code: list[Any],
+    rt: Runtime, route: CompiledRoute, receive: Receive, upstream: Any, close_code: list[Any]
 ) -> None:
-    settings = route.websocket
-    assert settings is not None
     counter = rt.metrics.ws_messages.labels(route.name, "in")
     while True:
         message = await receive()
-        kind = message["type"]
-        if kind == "websocket.disconnect":
-            close_code[:] = [message.get("code", 1000), message.get("reason") or ""]
+        if message["type"] == "websocket.disconnect":
+            code = message.get("code", 1000)
+            close_code[:] = [code, message.get("reason") or ""]
+            if code in (POLICY, TOO_BIG):  # the guard closed it: a refusal
+                reason = "limited:messages" if code == POLICY else "too_large"
+                rt.metrics.count(route.name, reason)
             return
-        text, data = message.get("text"), message.get("bytes")
-        size = len(text.encode()) if text is not None else len(data or b"")
-        if size > settings.max_message:
-            close_code[:] = [TOO_BIG, "message too big"]
-            return
-        for limiter, name in ((limits.per_connection, connection), (limits.per_client, key)):
-            if limiter is not None and not (await limiter.hit(name)).allowed:
-                close_code[:] = [POLICY, "message rate exceeded"]
-                rt.metrics.count(route.name, f"limited:{limiter.name}")
-                return
         counter.inc()
+        text = message.get("text")
         if text is not None:
             await upstream.send_str(text)
         else:
-            await upstream.send_bytes(data or b"")
+            await upstream.send_bytes(message.get("bytes") or b"")
 
 
 async def _upstream_to_client(

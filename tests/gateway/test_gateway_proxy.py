@@ -238,16 +238,47 @@ def test_shaping_holds_instead_of_refusing(
     assert up.seen()["n"] == passed
 
 
-def test_idempotency_require_refuses_keyless_post(
-    upstream_factory: Factory, gateway_factory: Factory
+def test_idempotency_require_executes_once(
+    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
-    """idempotency: require answers 400 to a POST without a key; with a key it passes."""
+    """require: 400 without a key; a keyed POST runs once, retries replay, changes get 422."""
     up = upstream_factory()
     gw = _gateway(gateway_factory, up, idempotency="require")
     assert httpx.post(f"{gw.url}/echo").status_code == 400
-    assert httpx.post(f"{gw.url}/echo", headers={"Idempotency-Key": "k"}).status_code == 200
-    assert httpx.get(f"{gw.url}/echo").status_code == 200
-    assert up.seen()["n"] == 2
+    key = {"Idempotency-Key": "order-1"}
+    first = httpx.post(f"{gw.url}/echo", content=b"buy", headers=key)
+    again = httpx.post(f"{gw.url}/echo", content=b"buy", headers=key)
+    assert first.status_code == again.status_code == 200
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json()
+    assert httpx.post(f"{gw.url}/echo", content=b"sell", headers=key).status_code == 422
+    assert up.seen()["n"] == 1
+    slow_key = {"Idempotency-Key": "order-2"}
+    held = threading.Thread(
+        target=httpx.post, args=(f"{gw.url}/slow?s=2",), kwargs={"headers": slow_key, "timeout": 20}
+    )
+    held.start()
+    eventually(lambda: up.seen()["in_flight"] == 1)
+    conflict = httpx.post(f"{gw.url}/slow?s=2", headers=slow_key)
+    held.join()
+    assert conflict.status_code == 409 and "retry-after" in conflict.headers
+    routes = gw.status()["routes"]["/"]
+    assert routes["idempotency_conflict"] == 1
+    assert routes["idempotency_mismatch"] == 1
+    assert routes["idempotency_invalid"] == 1
+
+
+def test_idempotency_releases_the_claim_on_5xx(
+    upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """An upstream 5xx is not stored: the retry with the same key runs again."""
+    up = upstream_factory()
+    gw = _gateway(gateway_factory, up, idempotency="honor")
+    key = {"Idempotency-Key": "pay-1"}
+    assert httpx.post(f"{gw.url}/status/500", headers=key).status_code == 500
+    assert httpx.post(f"{gw.url}/status/500", headers=key).status_code == 500
+    assert httpx.post(f"{gw.url}/echo").status_code == 200  # honor: keyless passes
+    assert up.seen()["n"] == 3
 
 
 def test_breaker_opens_fails_fast_and_recovers(

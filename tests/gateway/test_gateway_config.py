@@ -184,3 +184,11 @@ def test_check_rejects_workers_with_memory_store(tmp_path: Path) -> None:
     redis = DESIGN_EXAMPLE.replace("store: memory", "store: redis://127.0.0.1:6379/0")
     path.write_text(redis)
     assert _cli("check", "--workers", "2", str(path))[0] == 0
+
+
+def test_example_config_is_valid() -> None:
+    """The example the README runs validates."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"
+    config = load_config(example, env={})
+    assert config.store == "memory"
+    assert [r.path for r in config.routes] == ["/slow", "/"]
