@@ -6,7 +6,8 @@
 # upstream's UpstreamPool for admission. For a routed call, in order:
 #   1. the route's limits, all decided in one store call (RuleSet.adecide);
 #   2. UpstreamPool.admit: the breaker (CircuitOpen carries the open time left),
-#      then the client's share and the upstream's bulkhead (BulkheadFull);
+#      then the server side's Admission: the client's share and the upstream's
+#      bulkhead (a Refusal carrying its Retry-After);
 #   3. the forwarded call (_grpc_proxy.forward), retried only when it never reached
 #      the upstream, the request is one message the pump holds, nothing went back
 #      to the client, the attempts allow it and the upstream's budget pays for it.
@@ -32,8 +33,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from .._errors import BulkheadFull, CircuitOpen
+from .._errors import CircuitOpen
 from ..server._grpc import PUSHBACK, _CallView, _pushback_ms
+from ..server._refusal import Refusal
 from ._clients import ClientIdentity, client_id
 from ._grpc_proxy import (
     Forwarded,
@@ -51,7 +53,7 @@ from ._upstream import UpstreamPool
 
 __all__ = ["PUSHBACK", "GrpcGateway", "Record", "pushback"]
 
-BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests
+BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests when it names none
 _BREAKER_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # record(route, outcome, client key): one call per routed call.
 Record = Callable[[str, str, str], None]
@@ -244,13 +246,14 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         pool = self.upstreams[route.upstream]
         try:
             admission = await pool.admit(ex.client)
-        except (CircuitOpen, BulkheadFull) as exc:
-            ex.code = grpc.StatusCode.UNAVAILABLE
-            if isinstance(exc, CircuitOpen):
-                ex.outcome, details, wait = "breaker_open", "circuit open", exc.remaining
-            else:
-                ex.outcome, details, wait = "bulkhead_full", "bulkhead full", BUSY_RETRY_AFTER
-            refuse(context, ex.code, details, pushback(wait))
+        except CircuitOpen as exc:
+            ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, "breaker_open"
+            refuse(context, ex.code, "circuit open", pushback(exc.remaining))
+            return
+        if isinstance(admission, Refusal):  # the bulkhead is full (the HTTP leg's 503)
+            ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, admission.reason
+            wait = admission.retry_after or BUSY_RETRY_AFTER
+            refuse(context, ex.code, admission.reason.replace("_", " "), pushback(wait))
             return
         permit = admission.permit
         try:
