@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import AsyncRateLimiter, RateLimiter
 from .._errors import ConfigError
-from ..core._limiters import Decision, combine
+from ..core._decision import Decision, combine
 from ..stores import MemoryStore, from_url
 from ._rules import ClientAddress, KeyFunc, RequestView, Rule, compile_key
 

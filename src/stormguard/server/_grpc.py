@@ -28,8 +28,8 @@ import grpc
 import grpc.aio
 
 from .._errors import ConfigError
+from ..core._decision import Decision
 from ..core._idempotency import fingerprint
-from ..core._limiters import Decision
 from ._admission import Admission
 from ._decide import RuleSet
 from ._idempotency import IdempotencyGuard, Ticket, encode_response

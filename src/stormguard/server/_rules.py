@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 from .._errors import ConfigError
-from ..core._limiters import Algorithm, SlidingWindowCounter
+from ..core._limiters import Algorithm
 
 __all__ = [
     "ClientAddress",
@@ -76,6 +76,8 @@ def parse_limit(limit: str | Algorithm, *, field_name: str = "limit") -> Algorit
     window = float(match.group(2) or 1) * unit
     if count <= 0 or window <= 0:
         raise ConfigError(field_name, f"count and window must be > 0: {limit!r}")
+    from .. import SlidingWindowCounter
+
     return SlidingWindowCounter(count, window)
 
 
