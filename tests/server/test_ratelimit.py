@@ -251,3 +251,12 @@ async def test_lifespan_passes_through() -> None:
 
     await RateLimitMiddleware(app, [Rule("1/s", key="global")])({"type": "lifespan"}, None, None)
     assert seen == ["lifespan"]
+
+
+async def test_first_present_key_of_a_list() -> None:
+    """key=[header, ip]: the API key when sent, else the address."""
+    app = RateLimitMiddleware(Counting(), [Rule("1/minute", key=["header:X-API-Key", "ip"])])
+    async with client(app) as c:
+        keyed = [(await c.get("/", headers={"X-API-Key": "a"})).status_code for _ in range(2)]
+        by_ip = [(await c.get("/")).status_code for _ in range(2)]
+    assert keyed == [200, 429] and by_ip == [200, 429]
