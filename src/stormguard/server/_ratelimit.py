@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core._limiters import Decision
+from ..core._decision import Decision
 from ._decide import RuleSet
 from ._refusal import (
     HeaderStyle,
