@@ -49,7 +49,7 @@ routes:
 class GatewayProcess:
     """One ``stormguard gateway --config FILE`` process with a gRPC and an admin listener."""
 
-    def __init__(self, directory: Path, store: str, upstream: str) -> None:
+    def __init__(self, directory: Path, store: str, upstream: str, workers: int = 1) -> None:
         self.grpc, self.admin = free_port(), free_port()
         path = directory / f"gateway-{self.grpc}.yaml"
         path.write_text(
@@ -64,8 +64,9 @@ class GatewayProcess:
             )
         )
         command = "from stormguard.cli import main; main()"
+        flags = ["--config", str(path), "--workers", str(workers)]
         self.process = subprocess.Popen(
-            [sys.executable, "-c", command, "gateway", "--config", str(path)],
+            [sys.executable, "-c", command, "gateway", *flags],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -93,12 +94,12 @@ class GatewayProcess:
 
 
 @pytest.fixture
-def start_gateway(tmp_path: Path) -> Iterator[Callable[[str, str], GatewayProcess]]:
+def start_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     """Starts gateway processes; stops them after the test."""
     started: list[GatewayProcess] = []
 
-    def start(store: str, upstream: str) -> GatewayProcess:
-        process = GatewayProcess(tmp_path, store, upstream)
+    def start(store: str, upstream: str, workers: int = 1) -> GatewayProcess:
+        process = GatewayProcess(tmp_path, store, upstream, workers)
         started.append(process)
         return process
 
@@ -110,7 +111,10 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[[str, str], GatewayProces
 
 
 async def call_through(ports: list[int], key: str, count: int) -> list[grpc.aio.AioRpcError | None]:
-    """``count`` unary calls with x-api-key ``key``, alternating over ``ports``."""
+    """``count`` unary calls with x-api-key ``key``, alternating over ``ports``.
+
+    Each entry of ``ports`` is its own channel (connection), even for one port twice.
+    """
     outcomes: list[grpc.aio.AioRpcError | None] = []
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for port in ports]
     try:
@@ -128,7 +132,7 @@ async def call_through(ports: list[int], key: str, count: int) -> list[grpc.aio.
 
 
 async def test_gateway_serves_grpc_routes_counted_in_its_status(
-    start_gateway: Callable[[str, str], GatewayProcess], upstream: Upstream
+    start_gateway: Callable[..., GatewayProcess], upstream: Upstream
 ) -> None:
     """listen.grpc proxies the route; refusals carry pushback; /status counts by service."""
     gateway = start_gateway("memory", upstream.target)
@@ -146,7 +150,7 @@ async def test_gateway_serves_grpc_routes_counted_in_its_status(
 
 @pytest.mark.redis
 async def test_two_gateway_processes_on_one_redis_admit_the_limit_exactly(
-    start_gateway: Callable[[str, str], GatewayProcess], upstream: Upstream, redis_url: str
+    start_gateway: Callable[..., GatewayProcess], upstream: Upstream, redis_url: str
 ) -> None:
     """Calls alternating over two gateways: exactly LIMIT pass for a key; another key is free."""
     gateways = [start_gateway(redis_url, upstream.target) for _ in range(2)]
@@ -159,3 +163,18 @@ async def test_two_gateway_processes_on_one_redis_admit_the_limit_exactly(
     assert codes == {grpc.StatusCode.UNAVAILABLE}
     assert await call_through(ports, uuid.uuid4().hex, 1) == [None]
     assert len(upstream.seen) == LIMIT + 1
+
+
+@pytest.mark.redis
+async def test_gateway_workers_serve_grpc_with_one_limit_and_one_status(
+    start_gateway: Callable[..., GatewayProcess], upstream: Upstream, redis_url: str
+) -> None:
+    """--workers 2: connections spread over the workers; LIMIT pass; /status sums the workers."""
+    gateway = start_gateway(redis_url, upstream.target, 2)
+    await gateway.ready()
+    outcomes = await call_through([gateway.grpc] * 4, uuid.uuid4().hex, 3 * LIMIT)
+    assert outcomes.count(None) == LIMIT
+    assert gateway.status()["routes"][SERVICE] == {
+        "allowed": LIMIT,
+        "limited:per-client": 2 * LIMIT,
+    }
