@@ -18,7 +18,7 @@ from test_grpc_support import (
 )
 
 from stormguard.gateway._config import Upstream as UpstreamSettings
-from stormguard.gateway._grpc_proxy import forwardable
+from stormguard.gateway._grpc_proxy import forwardable, forwarded_for
 from stormguard.gateway._grpc_routes import GrpcRoute, target_of
 from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
 from stormguard.gateway._upstream import UpstreamPool
@@ -84,7 +84,7 @@ async def test_every_kind_passes_through_with_metadata_and_trailers(
 ) -> None:
     """Messages, request metadata, initial metadata, trailers and OK all cross the proxy."""
     payload = (b"a",) if kind in ("Unary", "Server") else (b"a", b"b")
-    metadata = (("x-api-key", "k1"), ("x-blob-bin", b"\xff\x00"))
+    metadata = (("x-api-key", "k1"), ("x-blob-bin", b"\xff\x00"), ("x-forwarded-for", "6.6.6.6"))
     call = await call_kind(channel, kind, *payload, metadata=metadata, timeout=10)
     assert await responses(call, kind) == EXPECTED[kind]
     assert trailer(await call.initial_metadata(), "x-up") == "1"
@@ -96,6 +96,7 @@ async def test_every_kind_passes_through_with_metadata_and_trailers(
     assert (seen.method, seen.requests) == (kind, list(payload))
     assert seen.metadata["x-api-key"] == "k1"
     assert seen.metadata["x-blob-bin"] == b"\xff\x00"
+    assert seen.metadata["x-forwarded-for"] == "127.0.0.1"  # the client's claim is not believed
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -190,3 +191,13 @@ def test_transport_headers_are_not_forwarded() -> None:
 def test_upstream_urls_become_a_channel_target(urls: list[str], target: str) -> None:
     """One URL is HOST:PORT; several IPv4 ones are one balanced ipv4: target."""
     assert target_of(urls) == target
+
+
+@pytest.mark.parametrize(("trusted", "value"), [(False, "10.0.0.9"), (True, "1.2.3.4, 10.0.0.9")])
+def test_forwarded_for_keeps_the_chain_only_from_a_trusted_proxy(trusted: bool, value: str) -> None:
+    """x-forwarded-for names the client; an incoming chain survives only from a trusted peer."""
+    pairs = (("x-forwarded-for", "1.2.3.4"), ("x-api-key", "k"))
+    assert forwarded_for(pairs, "10.0.0.9", trusted) == (
+        ("x-api-key", "k"),
+        ("x-forwarded-for", value),
+    )

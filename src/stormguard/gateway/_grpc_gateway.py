@@ -45,6 +45,7 @@ from ._grpc_proxy import (
     finish,
     forward,
     forwardable,
+    forwarded_for,
     never_reached,
     refuse,
 )
@@ -231,7 +232,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             refuse(context, ex.code, "rate limited", pushback(decision.retry_after))
             return
         try:
-            await self._admit(route, method, context, ex)
+            await self._admit(route, method, context, view, ex)
         finally:
             if decision is not None and route.leased:
                 await route.release(decision, view)
@@ -241,6 +242,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         route: GrpcRoute,
         method: str,
         context: grpc.aio.ServicerContext[bytes, bytes],
+        view: _CallView,
         ex: _Exchange,
     ) -> None:
         pool = self.upstreams[route.upstream]
@@ -257,7 +259,11 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             return
         permit = admission.permit
         try:
-            metadata = forwardable(context.invocation_metadata())
+            metadata = forwarded_for(
+                forwardable(context.invocation_metadata()),
+                self.identity.ip(view),
+                self.identity.trusted_peer(view),
+            )
             result = await self._call(pool, method, context, metadata)
         except asyncio.CancelledError:
             # grpc cancels the handler when the client cancels or its deadline passes.

@@ -13,7 +13,8 @@
 #     where a retry is possible a pump task reads them instead, one small queue
 #     ahead, keeping the first message and noting whether the client closed
 #     after it, so a unary request can be sent again;
-#   * request metadata goes upstream minus transport headers; the client's
+#   * request metadata goes upstream minus transport headers, with
+#     x-forwarded-for naming the client as the HTTP leg does; the client's
 #     deadline (context.time_remaining) becomes the upstream call's timeout, so
 #     the upstream is cancelled when the client gives up;
 #   * the upstream's initial metadata is sent back as soon as it arrives, then
@@ -48,6 +49,7 @@ __all__ = [
     "finish",
     "forward",
     "forwardable",
+    "forwarded_for",
     "never_reached",
     "refuse",
 ]
@@ -97,6 +99,18 @@ def forwardable(metadata: Iterable[tuple[str, str | bytes]] | None) -> MetadataP
         for key, value in metadata
         if not key.startswith(":") and key not in _TRANSPORT and key not in _GRPC_TRANSPORT
     )
+
+
+def forwarded_for(metadata: MetadataPairs, client_ip: str, trusted_peer: bool) -> MetadataPairs:
+    """``metadata`` with ``x-forwarded-for`` naming the client, as the HTTP leg sets it.
+
+    The incoming chain is kept (and the client appended) only when the peer is a
+    trusted proxy; otherwise the client's own claim is replaced.
+    """
+    chain = [v for k, v in metadata if k == "x-forwarded-for" and isinstance(v, str)]
+    rest = tuple(pair for pair in metadata if pair[0] != "x-forwarded-for")
+    value = ", ".join([*chain, client_ip]) if trusted_peer and chain else client_ip
+    return (*rest, ("x-forwarded-for", value))
 
 
 def never_reached(error: grpc.aio.AioRpcError, headers_seen: bool) -> bool:
