@@ -31,6 +31,7 @@ listen:
   grpc: 127.0.0.1:{grpc}
   admin: 127.0.0.1:{admin}
 store: {store}
+max_body: {max_body}
 clients:
   key: [header:x-api-key, ip]
 upstreams:
@@ -49,7 +50,9 @@ routes:
 class GatewayProcess:
     """One ``stormguard gateway --config FILE`` process with a gRPC and an admin listener."""
 
-    def __init__(self, directory: Path, store: str, upstream: str, workers: int = 1) -> None:
+    def __init__(
+        self, directory: Path, store: str, upstream: str, workers: int = 1, max_body: int = 1 << 20
+    ) -> None:
         self.grpc, self.admin = free_port(), free_port()
         path = directory / f"gateway-{self.grpc}.yaml"
         path.write_text(
@@ -61,6 +64,7 @@ class GatewayProcess:
                 upstream=upstream,
                 limit=LIMIT,
                 service=SERVICE,
+                max_body=max_body,
             )
         )
         command = "from stormguard.cli import main; main()"
@@ -98,8 +102,8 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     """Starts gateway processes; stops them after the test."""
     started: list[GatewayProcess] = []
 
-    def start(store: str, upstream: str, workers: int = 1) -> GatewayProcess:
-        process = GatewayProcess(tmp_path, store, upstream, workers)
+    def start(store: str, upstream: str, workers: int = 1, **options: int) -> GatewayProcess:
+        process = GatewayProcess(tmp_path, store, upstream, workers, **options)
         started.append(process)
         return process
 
@@ -178,3 +182,18 @@ async def test_gateway_workers_serve_grpc_with_one_limit_and_one_status(
         "allowed": LIMIT,
         "limited:per-client": 2 * LIMIT,
     }
+
+
+async def test_gateway_caps_grpc_request_messages_at_max_body(
+    start_gateway: Callable[..., GatewayProcess], upstream: Upstream
+) -> None:
+    """A request message over max_body is refused RESOURCE_EXHAUSTED before the upstream."""
+    gateway = start_gateway("memory", upstream.target, max_body=1000)
+    await gateway.ready()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc}") as channel:
+        method = channel.unary_unary(f"/{SERVICE}/Unary")
+        assert await method(b"x" * 900, timeout=20) == b"echo:" + b"x" * 900
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(b"x" * 2000, timeout=20)
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(upstream.seen) == 1

@@ -135,7 +135,12 @@ class _GatewayLeg(GrpcGateway):
 
 async def start_gateway_grpc(gateway: Gateway) -> GrpcProxyServer | None:
     """Start the gRPC leg of a running gateway on ``listen.grpc`` (None when not set)."""
-    listen = gateway.runtime.config.listen.grpc
-    if listen is None:
+    config = gateway.runtime.config
+    if config.listen.grpc is None:
         return None
-    return await _serve(_GatewayLeg(gateway), listen, ())
+    # A request message may be as large as an HTTP body (`max_body`); answers pass.
+    options = [
+        ("grpc.max_receive_message_length", config.max_body),
+        ("grpc.max_send_message_length", -1),
+    ]
+    return await _serve(_GatewayLeg(gateway), config.listen.grpc, options)
