@@ -298,8 +298,7 @@ async def _to_upstream(
         task.uncancel()
     finally:
         watcher.cancel()
-        pool.done(admission)
-        rt.metrics.in_flight.labels(pool.name).set(pool.in_flight)
+        pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)
 
 
 async def _watch(
@@ -464,7 +463,7 @@ async def _attempts(
             if permit is not None:
                 await permit.arelease()
             raise
-        rt.metrics.latency.labels(pool.name).observe(time.perf_counter() - sent)
+        rt.metrics.observe_latency(pool.name, time.perf_counter() - sent)
         status = response.status
         failed = status >= 500
         pool.report(target, failed)
