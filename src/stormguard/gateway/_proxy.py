@@ -38,6 +38,7 @@ from ._wire import request_headers, response_headers
 __all__ = ["handle_http"]
 
 access_log = logging.getLogger("stormguard.gateway.access")
+log = logging.getLogger("stormguard.gateway")
 _BUFFER = 64 * 1024  # bodies up to this size are read whole (and may be retried)
 WATCH_AFTER = 0.05  # seconds before a request's disconnect watcher starts
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
@@ -91,6 +92,11 @@ async def handle_http(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
             await _refuse(send, ex, Refusal.of(404, "no route matches", reason="not_found"))
             return
         await _serve(rt, route, scope, receive, send, ex)
+    except Exception:  # a bug must not take the connection down without an answer
+        log.exception("gateway error on %s %s", scope["method"], scope["path"])
+        if ex.status == 0:
+            ex.outcome = "gateway_error"
+            await _refuse(send, ex, Refusal.of(502, "gateway error", reason="gateway_error"))
     finally:
         name = route.name if route is not None else "-"
         rt.metrics.count(name, ex.outcome)
