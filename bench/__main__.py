@@ -15,6 +15,7 @@ BENCHMARKS = {
     "breaker": "bench.bench_breaker",
     "limiters": "bench.bench_limiters",
     "sim": "bench.bench_sim",
+    "fuzz_headers": "bench.fuzz_headers",
     "server": "bench.bench_server",
     "gateway": "bench.bench_gateway",
 }
