@@ -286,18 +286,16 @@ def test_breaker_opens_fails_fast_and_recovers(
 ) -> None:
     """Upstream killed: 502s open the breaker, then 503 + Retry-After; back up: traffic resumes."""
     up = upstream_factory()
-    breaker = {"min_calls": 3, "failure_rate": 0.5, "window": 30, "open_for": 1}
+    breaker = {"min_calls": 3, "failure_rate": 0.5, "window": 30, "open_for": 4}
     gw = _gateway(gateway_factory, up, upstream_settings={"breaker": breaker})
     assert httpx.get(f"{gw.url}/echo").status_code == 200
     up.stop()
-    codes = [httpx.get(f"{gw.url}/echo").status_code for _ in range(6)]
-    assert codes[:2] == [502, 502]
-    assert codes[2:] == [503] * 4
-    r = httpx.get(f"{gw.url}/echo")
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    answers = [httpx.get(f"{gw.url}/echo") for _ in range(6)]
+    assert [r.status_code for r in answers] == [502, 502] + [503] * 4
+    assert all(1 <= int(r.headers["retry-after"]) <= 4 for r in answers[2:])
     assert gw.status()["upstreams"]["a"]["breaker"] == "open"
     up.start()
-    eventually(lambda: httpx.get(f"{gw.url}/echo").status_code == 200)
+    eventually(lambda: httpx.get(f"{gw.url}/echo").status_code == 200, timeout=30)
     assert up.seen()["n"] == 1  # exactly the half-open probe, then normal traffic
     assert eventually(lambda: gw.status()["upstreams"]["a"]["breaker"] == "closed")
 
