@@ -286,18 +286,16 @@ def test_breaker_opens_fails_fast_and_recovers(
 ) -> None:
     """Upstream killed: 502s open the breaker, then 503 + Retry-After; back up: traffic resumes."""
     up = upstream_factory()
-    breaker = {"min_calls": 3, "failure_rate": 0.5, "window": 30, "open_for": 1}
+    breaker = {"min_calls": 3, "failure_rate": 0.5, "window": 30, "open_for": 4}
     gw = _gateway(gateway_factory, up, upstream_settings={"breaker": breaker})
     assert httpx.get(f"{gw.url}/echo").status_code == 200
     up.stop()
-    codes = [httpx.get(f"{gw.url}/echo").status_code for _ in range(6)]
-    assert codes[:2] == [502, 502]
-    assert codes[2:] == [503] * 4
-    r = httpx.get(f"{gw.url}/echo")
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    answers = [httpx.get(f"{gw.url}/echo") for _ in range(6)]
+    assert [r.status_code for r in answers] == [502, 502] + [503] * 4
+    assert all(1 <= int(r.headers["retry-after"]) <= 4 for r in answers[2:])
     assert gw.status()["upstreams"]["a"]["breaker"] == "open"
     up.start()
-    eventually(lambda: httpx.get(f"{gw.url}/echo").status_code == 200)
+    eventually(lambda: httpx.get(f"{gw.url}/echo").status_code == 200, timeout=30)
     assert up.seen()["n"] == 1  # exactly the half-open probe, then normal traffic
     assert eventually(lambda: gw.status()["upstreams"]["a"]["breaker"] == "closed")
 
@@ -374,7 +372,9 @@ def test_half_sent_body_is_cut(upstream_factory: Factory, gateway_factory: Facto
     assert up.seen()["n"] == 0
 
 
-def test_admin_endpoints(upstream_factory: Factory, gateway_factory: Factory) -> None:
+def test_admin_endpoints(
+    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
+) -> None:
     """/healthz, /readyz, /metrics and /status answer; /status has the documented shape."""
     up = upstream_factory()
     gw = _gateway(gateway_factory, up, upstream_settings={"bulkhead": {"limit": 7}})
@@ -384,10 +384,10 @@ def test_admin_endpoints(upstream_factory: Factory, gateway_factory: Factory) ->
     code, metrics = gw.admin("/metrics")
     assert code == 200
     assert b'stormguard_gateway_requests_total{outcome="allowed",route="/"} 1.0' in metrics
+    eventually(lambda: gw.status()["upstreams"]["a"]["in_flight"] == 0)  # gauges refresh
     status = gw.status()
     upstream = status["upstreams"]["a"]
     assert upstream["breaker"] == "closed"
-    assert upstream["in_flight"] == 0
     assert upstream["bulkhead_limit"] == 7
     assert status["routes"]["/"] == {"allowed": 1}
     assert set(upstream["latency_ms"]) == {"p50", "p99"}
