@@ -16,7 +16,6 @@ from stormguard import TokenBucket
 from stormguard._errors import ConfigError
 from stormguard.asgi import Rule
 from stormguard.grpc import AsyncRateLimitServerInterceptor, RateLimitServerInterceptor
-from stormguard.server._admission import Admission
 from stormguard.server._grpc import peer_address
 
 SERVICE, METHOD = "demo.Payments", "/demo.Payments/Charge"
@@ -174,7 +173,7 @@ def test_peer_address(peer: str, address: str) -> None:
 
 def test_concurrency_limit(make_app: Any) -> None:
     """Past the concurrency limit a call gets UNAVAILABLE + pushback; the slot comes back."""
-    app = make_app(RateLimitServerInterceptor(concurrency=Admission(1)))
+    app = make_app(RateLimitServerInterceptor(concurrency=1))
     app.gate.clear()
     with app.channel() as channel:
         with futures.ThreadPoolExecutor(1) as pool:
