@@ -100,13 +100,13 @@ def _report(title: str, times: dict[str, float], peer: str) -> dict[str, float]:
     return added
 
 
-def bench_httpx_sync(number: int, repeat: int) -> dict[str, float]:
+def _httpx_contenders(mock: Any) -> tuple[dict[str, Any], Any]:
+    """The four httpx contenders over ``mock``, and the prepared GET they are handed."""
     import httpx
     import httpx_retries
 
     from stormguard.httpx import RetryTransport
 
-    mock = httpx.MockTransport(lambda request: httpx.Response(200, content=b"ok"))
     transports: dict[str, Any] = {
         "bare": mock,
         "httpx-retries": httpx_retries.RetryTransport(
@@ -117,6 +117,14 @@ def bench_httpx_sync(number: int, repeat: int) -> dict[str, float]:
     }
     with httpx.Client() as client:
         request = client.build_request("GET", _URL)
+    return transports, request
+
+
+def bench_httpx_sync(number: int, repeat: int) -> dict[str, float]:
+    import httpx
+
+    mock = httpx.MockTransport(lambda request: httpx.Response(200, content=b"ok"))
+    transports, request = _httpx_contenders(mock)
     timers = {
         name: _sync_timer(lambda t=transport: t.handle_request(request), number)
         for name, transport in transports.items()
@@ -127,25 +135,13 @@ def bench_httpx_sync(number: int, repeat: int) -> dict[str, float]:
 
 def bench_httpx_async(number: int, repeat: int) -> dict[str, float]:
     import httpx
-    import httpx_retries
-
-    from stormguard.httpx import RetryTransport
 
     async def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"ok")
 
     mock = httpx.MockTransport(answer)
     loop = asyncio.new_event_loop()
-    transports: dict[str, Any] = {
-        "bare": mock,
-        "httpx-retries": httpx_retries.RetryTransport(
-            transport=mock, retry=httpx_retries.Retry(total=3, backoff_factor=0.5)
-        ),
-        "stormguard off": RetryTransport(mock, **_OFF),
-        "stormguard defaults": RetryTransport(mock),
-    }
-    with httpx.Client() as client:
-        request = client.build_request("GET", _URL)
+    transports, request = _httpx_contenders(mock)
     timers = {
         name: _async_timer(loop, lambda t=transport: t.handle_async_request(request), number)
         for name, transport in transports.items()

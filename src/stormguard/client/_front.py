@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._errors import BulkheadFull
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
@@ -33,8 +34,10 @@ __all__ = [
     "Lane",
     "Observation",
     "afirst_attempt",
+    "awith_bulkhead",
     "first_attempt",
     "one_shot",
+    "with_bulkhead",
     "with_retry_if",
 ]
 
@@ -350,6 +353,24 @@ class HttpCall:
         detail = Detail(excerpt(body), exhausted_quota(pairs, wall_now))
         return Outcome(failure, status >= 500, response, None, detail), observation
 
+    def observed(self, response: Any, status: int, headers: Any, body: bytes | None) -> Outcome:
+        """:meth:`settle`, and the origin's guard shown what it should observe."""
+        outcome, observation = self.settle(response, status, headers, body)
+        if observation is not None:
+            assert self.guard is not None
+            self.guard.observe(*observation)
+        return outcome
+
+    async def aobserved(
+        self, response: Any, status: int, headers: Any, body: bytes | None
+    ) -> Outcome:
+        """Async twin of :meth:`observed` (awaits a shared cooldown)."""
+        outcome, observation = self.settle(response, status, headers, body)
+        if observation is not None:
+            assert self.guard is not None
+            await self.guard.aobserve(*observation)
+        return outcome
+
     def error(self, kind: Failure, exc: Exception) -> Outcome:
         """A transport error as the attempt's Outcome (FINAL ones end the call)."""
         if kind is Failure.FINAL:
@@ -367,6 +388,43 @@ def _success(response: Any) -> Outcome:
 
 
 _DEFAULTS_AFTER_VALUE = tuple(Outcome(None)[3:])
+
+
+def with_bulkhead(call: HttpCall, send: Callable[[], Outcome]) -> Callable[[], Outcome]:
+    """``send`` holding a slot of the origin's bulkhead (waiting at most the deadline)."""
+    bulkhead = call.lane.bulkhead
+    if bulkhead is None:
+        return send
+
+    def held() -> Outcome:
+        bulkhead.acquire(max(0.0, call.remaining()))
+        try:
+            return send()
+        finally:
+            bulkhead.release()
+
+    return held
+
+
+def awith_bulkhead(
+    call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
+) -> Callable[[], Awaitable[Outcome]]:
+    """Async twin of :func:`with_bulkhead`."""
+    bulkhead = call.lane.bulkhead
+    if bulkhead is None:
+        return asend
+
+    async def held() -> Outcome:
+        try:  # a free slot is taken without a coroutine; a full one is awaited
+            bulkhead.acquire(0.0)
+        except BulkheadFull:
+            await bulkhead.aacquire(max(0.0, call.remaining()))
+        try:
+            return await asend()
+        finally:
+            bulkhead.release()
+
+    return held
 
 
 # The first attempt, lean. The engine's order for a first attempt is COUNT, PACE

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 
 from .._clock import Clock
-from .._errors import BulkheadFull
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
@@ -23,10 +22,11 @@ from ._driver import RetryHook
 from ._front import (
     HttpCall,
     HttpFront,
-    Observation,
     _success,
     afirst_attempt,
+    awith_bulkhead,
     first_attempt,
+    with_bulkhead,
 )
 from ._http import body_worth_reading
 
@@ -106,10 +106,9 @@ def _wants_body(response: httpx.Response) -> bool:
     return body_worth_reading(response.status_code, response.headers.get("content-length"))
 
 
-def _settle(call: HttpCall, response: httpx.Response) -> tuple[Outcome, Observation | None]:
-    status = response.status_code
-    body = _body_if_read(response) if status >= 400 else None
-    return call.settle(response, status, response.headers, body)
+def _body(response: httpx.Response) -> bytes | None:
+    """A failed response's body when it was read (for wait hints), else None."""
+    return _body_if_read(response) if response.status_code >= 400 else None
 
 
 class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -240,70 +239,43 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
         call = self._call(request)
-        lane = call.lane
+        observes = call.lane.observes
 
         def send() -> Outcome:
-            bulkhead = lane.bulkhead
-            if bulkhead is not None:  # the origin's bulkhead, waiting at most the deadline
-                bulkhead.acquire(max(0.0, call.remaining()))
+            _cap_timeouts(request, call.remaining())
             try:
-                _cap_timeouts(request, call.remaining())
-                try:
-                    response = inner.handle_request(request)
-                except Exception as exc:
-                    return call.error(_failure_kind(exc), exc)
-                if response.status_code < 400 and not (
-                    lane.observes and self.names_quota(response.headers)
-                ):
-                    return _success(response)
-                if response.status_code >= 400 and _wants_body(response):
-                    with contextlib.suppress(httpx.HTTPError):
-                        response.read()
-                outcome, observation = _settle(call, response)
-                if observation is not None:
-                    assert call.guard is not None
-                    call.guard.observe(*observation)
-                return outcome
-            finally:
-                if bulkhead is not None:
-                    bulkhead.release()
+                response = inner.handle_request(request)
+            except Exception as exc:
+                return call.error(_failure_kind(exc), exc)
+            status = response.status_code
+            if status < 400 and not (observes and self.names_quota(response.headers)):
+                return _success(response)
+            if _wants_body(response):
+                with contextlib.suppress(httpx.HTTPError):
+                    response.read()
+            return call.observed(response, status, response.headers, _body(response))
 
-        response: httpx.Response = first_attempt(call, send)
+        response: httpx.Response = first_attempt(call, with_bulkhead(call, send))
         return response
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._async_inner or self._async()
         call = self._call(request)
-        lane = call.lane
+        observes = call.lane.observes
 
         async def asend() -> Outcome:
-            bulkhead = lane.bulkhead
-            if bulkhead is not None:
-                try:  # a free slot is taken without a coroutine; a full one is awaited
-                    bulkhead.acquire(0.0)
-                except BulkheadFull:
-                    await bulkhead.aacquire(max(0.0, call.remaining()))
+            _cap_timeouts(request, call.remaining())
             try:
-                _cap_timeouts(request, call.remaining())
-                try:
-                    response = await inner.handle_async_request(request)
-                except Exception as exc:
-                    return call.error(_failure_kind(exc), exc)
-                if response.status_code < 400 and not (
-                    lane.observes and self.names_quota(response.headers)
-                ):
-                    return _success(response)
-                if response.status_code >= 400 and _wants_body(response):
-                    with contextlib.suppress(httpx.HTTPError):
-                        await response.aread()
-                outcome, observation = _settle(call, response)
-                if observation is not None:
-                    assert call.guard is not None
-                    await call.guard.aobserve(*observation)
-                return outcome
-            finally:
-                if bulkhead is not None:
-                    bulkhead.release()
+                response = await inner.handle_async_request(request)
+            except Exception as exc:
+                return call.error(_failure_kind(exc), exc)
+            status = response.status_code
+            if status < 400 and not (observes and self.names_quota(response.headers)):
+                return _success(response)
+            if _wants_body(response):
+                with contextlib.suppress(httpx.HTTPError):
+                    await response.aread()
+            return await call.aobserved(response, status, response.headers, _body(response))
 
-        response: httpx.Response = await afirst_attempt(call, asend)
+        response: httpx.Response = await afirst_attempt(call, awith_bulkhead(call, asend))
         return response

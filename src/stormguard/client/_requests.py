@@ -23,7 +23,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards, origin_of
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, _success, first_attempt
+from ._front import HttpCall, HttpFront, _success, first_attempt, with_bulkhead
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
@@ -118,34 +118,24 @@ class RetryAdapter(HttpFront, HTTPAdapter):
             lane = self.lane(_origin_key(url), url, origin_of)
         call = HttpCall(self, lane, request.method or "GET", url, request.headers, request)
         adapter_send = super().send
+        observes = lane.observes
 
         def send_once() -> Outcome:
-            bulkhead = lane.bulkhead
-            if bulkhead is not None:  # the origin's bulkhead, waiting at most the deadline
-                bulkhead.acquire(max(0.0, call.remaining()))
+            capped = _cap_timeout(timeout, call.remaining())
             try:
-                capped = _cap_timeout(timeout, call.remaining())
-                try:
-                    response = adapter_send(request, stream, capped, verify, cert, proxies)
-                except Exception as exc:
-                    return call.error(_failure_kind(exc), exc)
-                status = response.status_code
-                if status < 400 and not (lane.observes and self.names_quota(response.headers)):
-                    return _success(response)
-                small = status >= 400 and body_worth_reading(
-                    status, response.headers.get("content-length")
-                )
-                body = response.content if small else None
-                outcome, observation = call.settle(response, status, response.headers, body)
-                if observation is not None:
-                    assert call.guard is not None
-                    call.guard.observe(*observation)
-                return outcome
-            finally:
-                if bulkhead is not None:
-                    bulkhead.release()
+                response = adapter_send(request, stream, capped, verify, cert, proxies)
+            except Exception as exc:
+                return call.error(_failure_kind(exc), exc)
+            status = response.status_code
+            if status < 400 and not (observes and self.names_quota(response.headers)):
+                return _success(response)
+            small = status >= 400 and body_worth_reading(
+                status, response.headers.get("content-length")
+            )
+            body = response.content if small else None
+            return call.observed(response, status, response.headers, body)
 
-        result: requests.Response = first_attempt(call, send_once)
+        result: requests.Response = first_attempt(call, with_bulkhead(call, send_once))
         return result
 
 
