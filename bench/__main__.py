@@ -16,6 +16,9 @@ BENCHMARKS = {
     "limiters": "bench.bench_limiters",
     "sim": "bench.bench_sim",
     "fuzz_headers": "bench.fuzz_headers",
+    "server": "bench.bench_server",
+    "gateway": "bench.bench_gateway",
+    "gateway-grpc": "bench.bench_gateway_grpc",
 }
 
 

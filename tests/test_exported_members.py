@@ -42,7 +42,20 @@ PROMISED = {
     ],
     "stormguard.httpx": ["RetryTransport"],
     "stormguard.requests": ["RetryAdapter"],
-    "stormguard.grpc": ["AsyncRetryInterceptor", "RetryInterceptor"],
+    "stormguard.grpc": [
+        "AsyncRateLimitServerInterceptor",
+        "AsyncRetryInterceptor",
+        "RateLimitServerInterceptor",
+        "RetryInterceptor",
+    ],
+    "stormguard.asgi": [
+        "ConcurrencyMiddleware",
+        "IdempotencyMiddleware",
+        "RateLimitMiddleware",
+        "Rule",
+        "WebSocketLimits",
+    ],
+    "stormguard.fastapi": ["install", "limit", "stormguard_limit"],
     "stormguard.protection": [
         "BreakerEvent",
         "Bulkhead",

@@ -8,4 +8,15 @@ require("grpc", "grpc")
 
 from .client._grpc import AsyncRetryInterceptor, RetryInterceptor  # noqa: E402
 
-__all__ = ["AsyncRetryInterceptor", "RetryInterceptor"]
+# Server side (stormguard.server): rate limits, concurrency and idempotency.
+from .server._grpc import (  # noqa: E402
+    AsyncRateLimitServerInterceptor,
+    RateLimitServerInterceptor,
+)
+
+__all__ = [
+    "AsyncRateLimitServerInterceptor",
+    "AsyncRetryInterceptor",
+    "RateLimitServerInterceptor",
+    "RetryInterceptor",
+]

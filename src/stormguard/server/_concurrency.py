@@ -1,0 +1,155 @@
+# ConcurrencyMiddleware: Admission in front of an ASGI app (HTTP only; WebSocket
+# connections have their own limits, see _websocket.py).
+#
+# Slots come back on completion, on an exception, and on client disconnect: a pump
+# task owns the server's `receive` and hands messages to the app through a
+# one-slot queue (body streaming keeps its backpressure); when it sees
+# `http.disconnect` before the app has finished, it cancels the app -- a handler
+# working for a client that left only holds a slot somebody else could use. The
+# middleware then returns normally (the cancellation was ours, not the server's).
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from ._admission import AdmissionGroups, SharedAdmission
+from ._decide import close_on_shutdown, open_store
+from ._refusal import Refusal, send_refusal
+from ._rules import ClientAddress, KeySpec, compile_key
+from ._types import ASGIApp, Message, Receive, Scope, Send
+from ._view import ScopeView
+
+__all__ = ["ConcurrencyMiddleware", "run_cancelling_on_disconnect"]
+
+
+async def run_cancelling_on_disconnect(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Run ``app``; cancel it if the client disconnects before it is done."""
+    queue: asyncio.Queue[Message] = asyncio.Queue(maxsize=1)
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"done": False, "gone": False}
+
+    async def pump() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect" and not state["done"]:
+                state["gone"] = True
+                task.cancel()
+                return
+            await queue.put(message)
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            state["done"] = True  # answered: a disconnect now is the normal end
+        await send(message)
+
+    pumping = asyncio.ensure_future(pump())
+    try:
+        await app(scope, queue.get, sending)
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise
+        task.uncancel()
+    finally:
+        state["done"] = True
+        pumping.cancel()
+
+
+class ConcurrencyMiddleware:
+    """A bulkhead for an ASGI app: requests in flight per route group and per client.
+
+    ``limit``: requests in flight (the default group); ``groups``: path prefix ->
+    its own limit (longest prefix wins). ``per_client``: each client's share of a
+    group (None: no share cap), the client named by ``key`` (``"ip"``,
+    ``"header:NAME"`` or a callable of the scope). A request waits up to
+    ``max_wait`` seconds for a slot, then gets 503 + ``Retry-After: retry_after``.
+    Slots are released on completion, error and client disconnect (the handler is
+    cancelled when its client goes; ``cancel_on_disconnect=False`` keeps it running).
+    Slots are per process (with N workers, N times the limit) unless ``store`` is
+    given (an async store object or URL): then ``limit`` and ``per_client`` hold
+    across the fleet as leases in the store (no waiting; a dead holder's slot frees
+    after ``lease`` seconds; ``on_store_error`` as for the limiters; ``groups`` are
+    per process).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limit: int = 100,
+        per_client: int | None = None,
+        key: KeySpec = "ip",
+        max_wait: float = 0.0,
+        groups: Mapping[str, int] | None = None,
+        retry_after: float = 1.0,
+        trusted_proxies: Sequence[str] = (),
+        cancel_on_disconnect: bool = True,
+        store: object = None,
+        on_store_error: str = "open",
+        lease: float = 60.0,
+    ) -> None:
+        self.app = app
+        self.shared = None
+        self.owned_store = None
+        if store is not None:
+            opened = open_store(store, asyncio=True)
+            self.owned_store = opened if isinstance(store, str) else None
+            self.shared = SharedAdmission(
+                limit,
+                store=opened,
+                per_client=per_client,
+                lease=lease,
+                retry_after=retry_after,
+                on_store_error=on_store_error,
+            )
+        self.admission = AdmissionGroups(
+            limit, groups=groups, per_client=per_client, max_wait=max_wait, retry_after=retry_after
+        )
+        self.key_of = compile_key(key, ClientAddress.of(trusted_proxies))
+        self.per_client = per_client is not None
+        self.cancel_on_disconnect = cancel_on_disconnect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan" and self.owned_store is not None:
+                send = close_on_shutdown(send, self.owned_store)
+            await self.app(scope, receive, send)
+            return
+        client = self.key_of(ScopeView(scope)) if self.per_client else None
+        if self.shared is not None:
+            await self._shared(self.shared, client, scope, receive, send)
+            return
+        admission = self.admission.for_path(scope.get("path", "/"))
+        refusal = await admission.aenter(client)
+        if refusal is not None:
+            await send_refusal(send, refusal)
+            return
+        try:
+            await self._run(scope, receive, send)
+        finally:
+            admission.leave(client)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.cancel_on_disconnect:
+            await run_cancelling_on_disconnect(self.app, scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _shared(
+        self,
+        shared: SharedAdmission,
+        client: str | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        admitted = await shared.aenter(client)
+        if isinstance(admitted, Refusal):
+            await send_refusal(send, admitted)
+            return
+        try:
+            await self._run(scope, receive, send)
+        finally:
+            await shared.aleave(client, admitted)

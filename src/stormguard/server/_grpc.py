@@ -1,0 +1,468 @@
+# gRPC server interceptors (grpc and grpc.aio): the same rules, admission and
+# idempotency conversation as the ASGI middlewares, translated to gRPC.
+#
+#   keys        `header:NAME` reads request metadata; `ip` is the peer address
+#               without its port; rules match the full method "/pkg.Service/Method"
+#               as their path prefix (gRPC methods count as POST);
+#   over limit  UNAVAILABLE + trailer `grpc-retry-pushback-ms` (default: a gRPC
+#               client with a retryPolicy waits exactly that long) or
+#               RESOURCE_EXHAUSTED (clients do not retry it); an answer that can
+#               never fit sends a pushback of -1 (gRPC A6: do not retry);
+#   full        (bulkhead, store down in closed mode) UNAVAILABLE + pushback;
+#   idempotency unary calls carrying the `idempotency-key` metadata run once; the
+#               serialized response is stored and replayed (trailer
+#               `idempotent-replayed: true`); a call ending in an error status is
+#               released; in flight -> ABORTED + pushback; other request with the
+#               same key or a bad key -> INVALID_ARGUMENT; store down -> UNAVAILABLE.
+# The refusal is decided where the peer is known (inside the call), so the
+# interceptor wraps each handler's behaviour; streaming calls hold their
+# concurrency slot until the response stream ends.
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, ClassVar, NoReturn
+from urllib.parse import unquote
+
+import grpc
+import grpc.aio
+
+from .._errors import ConfigError
+from ..core._decision import Decision
+from ..core._idempotency import fingerprint
+from ._admission import Admission
+from ._decide import RuleSet
+from ._idempotency import IdempotencyGuard, Ticket, encode_response
+from ._refusal import Refusal
+from ._rules import ClientAddress, KeySpec, Rule, compile_key
+
+__all__ = ["AsyncRateLimitServerInterceptor", "RateLimitServerInterceptor", "peer_address"]
+
+PUSHBACK = "grpc-retry-pushback-ms"
+_REFUSE = {
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+_BY_STATUS = {
+    409: grpc.StatusCode.ABORTED,
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def peer_address(peer: str) -> str | None:
+    """The address of a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``), no port."""
+    kind, _, rest = unquote(peer).partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if kind == "ipv6":
+        return rest[1 : rest.find("]")] if rest.startswith("[") else rest.rpartition(":")[0]
+    return rest or None
+
+
+class _CallView:
+    # A RequestView over one call: metadata by lower-case name, the peer address.
+    __slots__ = ("_metadata", "_peer", "raw")
+
+    def __init__(self, details: Any, context: Any) -> None:
+        self.raw = details
+        metadata: dict[str, str] = {}
+        for key, value in context.invocation_metadata() or ():
+            if isinstance(value, bytes):
+                continue  # binary (-bin) metadata never names a client
+            k = key.lower()
+            metadata[k] = f"{metadata[k]}, {value}" if k in metadata else value
+        self._metadata = metadata
+        self._peer = context.peer()
+
+    def header(self, name: str) -> str | None:
+        return self._metadata.get(name)
+
+    def peer(self) -> str | None:
+        return peer_address(self._peer) if self._peer else None
+
+
+def _pushback_ms(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return str(math.ceil(seconds * 1000)) if math.isfinite(seconds) else "-1"
+
+
+class _Guard:
+    # What both interceptors share: configuration, the per-call decisions, and the
+    # translation of a decision or Refusal into (code, details, trailers).
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        *,
+        store: object,
+        on_store_error: str,
+        refuse_with: str,
+        trusted_proxies: Sequence[str],
+        concurrency: Admission | int | None,
+        concurrency_per_client: int | None,
+        concurrency_max_wait: float,
+        concurrency_key: KeySpec,
+        idempotency: IdempotencyGuard | bool,
+        idempotency_key: str,
+        idempotency_scope: KeySpec | None,
+        asyncio: bool,
+    ) -> None:
+        if refuse_with not in _REFUSE:
+            raise ConfigError("refuse_with", f"must be one of {tuple(_REFUSE)}: {refuse_with!r}")
+        self.refuse_code = _REFUSE[refuse_with]
+        self.rules = (
+            RuleSet(
+                rules,
+                store=store,
+                on_store_error=on_store_error,
+                trusted_proxies=trusted_proxies,
+                asyncio=asyncio,
+            )
+            if rules
+            else None
+        )
+        address = ClientAddress.of(trusted_proxies)
+        if isinstance(concurrency, bool):
+            raise ConfigError("concurrency", "must be a number of calls or an Admission")
+        if isinstance(concurrency, int):
+            concurrency = Admission(
+                concurrency, per_client=concurrency_per_client, max_wait=concurrency_max_wait
+            )
+        self.concurrency: Admission | None = concurrency
+        self.client_of = compile_key(concurrency_key, address)
+        if idempotency is True:
+            shared = self.rules.store if self.rules is not None else store
+            idempotency = IdempotencyGuard(store=shared, methods=("POST",), asyncio=asyncio)
+        self.idempotency = idempotency or None
+        self.idempotency_key = idempotency_key.lower()
+        self.scope_of = (
+            None if idempotency_scope is None else compile_key(idempotency_scope, address)
+        )
+
+    def limited(self, decision: Decision) -> tuple[Any, str, tuple[tuple[str, str], ...]]:
+        if self.rules is not None and self.rules.store_down and self.rules.fails_closed:
+            code = grpc.StatusCode.UNAVAILABLE
+            details = "rate limit store unavailable"
+        else:
+            code, details = self.refuse_code, f"rate limit {decision.name!r} exceeded"
+        pushback = _pushback_ms(decision.retry_after)
+        trailers = ((PUSHBACK, pushback),) if pushback is not None else ()
+        return code, details, trailers
+
+    @staticmethod
+    def refused(refusal: Refusal) -> tuple[Any, str, tuple[tuple[str, str], ...]]:
+        code = _BY_STATUS.get(refusal.status, grpc.StatusCode.FAILED_PRECONDITION)
+        pushback = _pushback_ms(refusal.retry_after)
+        trailers = ((PUSHBACK, pushback),) if pushback is not None else ()
+        detail = refusal.reason.replace("_", " ")
+        return code, detail, trailers
+
+    def leave(self, client: str | None) -> None:
+        """Give back the concurrency slot of a call that took one."""
+        if self.concurrency is not None:
+            self.concurrency.leave(client)
+
+    def idempotent(self, view: _CallView) -> tuple[str, str] | Refusal | None:
+        """(scope, key) when the call is keyed; a Refusal for a bad key; None: not keyed."""
+        guard = self.idempotency
+        if guard is None:
+            return None
+        key = view.header(self.idempotency_key)
+        admitted = guard.admit("POST", key)
+        if isinstance(admitted, Refusal):
+            return admitted
+        if not admitted or key is None:
+            return None
+        scope = (self.scope_of(view) or "") if self.scope_of is not None else ""
+        return scope, key
+
+
+def _fp(method: str, request: Any) -> str:
+    serialize = getattr(request, "SerializeToString", None)
+    body = (
+        serialize()
+        if serialize is not None
+        else (request if isinstance(request, bytes) else repr(request).encode())
+    )
+    return fingerprint(b"grpc", method.encode(), body)
+
+
+def _ok(context: Any) -> bool:
+    code = context.code()
+    return code is None or code == grpc.StatusCode.OK
+
+
+class _Interceptor:
+    # What both interceptors share: the options, the _Guard, and the handler rewrap.
+    _asyncio: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        rules: Sequence[Rule] = (),
+        *,
+        store: object = None,
+        on_store_error: str = "open",
+        refuse_with: str = "unavailable",
+        trusted_proxies: Sequence[str] = (),
+        concurrency: Admission | int | None = None,
+        concurrency_per_client: int | None = None,
+        concurrency_max_wait: float = 0.0,
+        concurrency_key: KeySpec = "ip",
+        idempotency: IdempotencyGuard | bool = False,
+        idempotency_key: str = "idempotency-key",
+        idempotency_scope: KeySpec | None = None,
+    ) -> None:
+        self._guard = _Guard(
+            rules,
+            store=store,
+            on_store_error=on_store_error,
+            refuse_with=refuse_with,
+            trusted_proxies=trusted_proxies,
+            concurrency=concurrency,
+            concurrency_per_client=concurrency_per_client,
+            concurrency_max_wait=concurrency_max_wait,
+            concurrency_key=concurrency_key,
+            idempotency=idempotency,
+            idempotency_key=idempotency_key,
+            idempotency_scope=idempotency_scope,
+            asyncio=self._asyncio,
+        )
+
+    def _wrap(
+        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
+    ) -> Any:
+        raise NotImplementedError
+
+    def _rewrap(self, handler: Any, details: Any) -> Any:
+        # The handler with its behaviour wrapped (keyed unary calls answer raw bytes).
+        if handler is None:
+            return None
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behaviour = getattr(handler, kind)
+            if behaviour is not None:
+                streaming = kind.endswith("stream")
+                keyed = kind == "unary_unary" and self._guard.idempotency is not None
+                wrapped = self._wrap(behaviour, details, streaming, keyed, handler)
+                changes: dict[str, Any] = {kind: wrapped}
+                if keyed:
+                    changes["response_serializer"] = _raw
+                return handler._replace(**changes)
+        return handler
+
+
+class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type: ignore[misc]
+    """Rate limits, concurrency and idempotency for a ``grpc.server``.
+
+    ``rules``: :class:`stormguard.asgi.Rule` objects (``key="header:x-api-key"``
+    reads metadata; ``"ip"`` the peer without port; ``paths`` match
+    ``"/pkg.Service/Method"``). ``refuse_with``: ``"unavailable"`` (default, with
+    ``grpc-retry-pushback-ms``) or ``"resource_exhausted"``. ``concurrency``: calls in
+    flight at most (each client at most ``concurrency_per_client``, named by
+    ``concurrency_key``; a bounded wait of ``concurrency_max_wait`` seconds).
+    ``idempotency=True`` (or an ``IdempotencyGuard``) runs a unary call once per
+    ``idempotency_key`` metadata value, scoped by ``idempotency_scope``.
+    """
+
+    _asyncio = False
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        return self._rewrap(continuation(details), details)
+
+    def _enter(self, view: _CallView, context: Any, method: str) -> str | None:
+        # Rules, then a concurrency slot; aborts the call when refused.
+        guard = self._guard
+        if guard.rules is not None:
+            decision = guard.rules.decide(view, "POST", method)
+            if decision is not None and not decision.allowed:
+                code, details, trailers = guard.limited(decision)
+                context.set_trailing_metadata(trailers)
+                context.abort(code, details)
+        client = None
+        if guard.concurrency is not None:
+            client = guard.client_of(view) if guard.concurrency.per_client else None
+            refusal = guard.concurrency.enter(client)
+            if refusal is not None:
+                self._abort(context, refusal)
+        return client
+
+    @staticmethod
+    def _abort(context: Any, refusal: Refusal) -> NoReturn:
+        code, details, trailers = _Guard.refused(refusal)
+        context.set_trailing_metadata(trailers)
+        context.abort(code, details)
+        raise AssertionError("context.abort() returned")  # it raises
+
+    def _wrap(
+        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
+    ) -> Any:
+        guard, method = self._guard, details.method
+        serialize = handler.response_serializer or _raw
+        leave = guard.leave
+
+        if streaming:
+
+            def streamed(request: Any, context: Any) -> Iterator[Any]:
+                client = self._enter(_CallView(details, context), context, method)
+                try:
+                    yield from behaviour(request, context)
+                finally:
+                    leave(client)
+
+            return streamed
+
+        def unary(request: Any, context: Any) -> Any:
+            view = _CallView(details, context)
+            client = self._enter(view, context, method)
+            try:
+                if not keyed:
+                    return behaviour(request, context)
+                return self._keyed(behaviour, serialize, view, request, context, method)
+            finally:
+                leave(client)
+
+        return unary
+
+    def _keyed(
+        self,
+        behaviour: Any,
+        serialize: Any,
+        view: _CallView,
+        request: Any,
+        context: Any,
+        method: str,
+    ) -> bytes:
+        guard = self._guard
+        assert guard.idempotency is not None
+        keyed = guard.idempotent(view)
+        if keyed is None:
+            return bytes(serialize(behaviour(request, context)))
+        if isinstance(keyed, Refusal):
+            self._abort(context, keyed)
+        scope, key = keyed
+        started = guard.idempotency.begin(scope, key, _fp(method, request))
+        if isinstance(started, Refusal):
+            self._abort(context, started)
+        if isinstance(started, tuple):
+            context.set_trailing_metadata((("idempotent-replayed", "true"),))
+            return bytes(started[2])
+        assert isinstance(started, Ticket)
+        try:
+            body = bytes(serialize(behaviour(request, context)))
+        except BaseException:
+            guard.idempotency.abandon(started)
+            raise
+        if _ok(context):
+            guard.idempotency.finish(started, 200, _stored(body))
+        else:
+            guard.idempotency.abandon(started)
+        return body
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else bytes(value)
+
+
+def _stored(body: bytes) -> bytes:
+    return encode_response(200, (), body)
+
+
+class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """The ``grpc.aio`` twin of :class:`RateLimitServerInterceptor` (same options)."""
+
+    _asyncio = True
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        return self._rewrap(await continuation(details), details)
+
+    async def _enter(self, view: _CallView, context: Any, method: str) -> str | None:
+        guard = self._guard
+        if guard.rules is not None:
+            decision = await guard.rules.adecide(view, "POST", method)
+            if decision is not None and not decision.allowed:
+                code, details, trailers = guard.limited(decision)
+                context.set_trailing_metadata(trailers)
+                await context.abort(code, details)
+        client = None
+        if guard.concurrency is not None:
+            client = guard.client_of(view) if guard.concurrency.per_client else None
+            refusal = await guard.concurrency.aenter(client)
+            if refusal is not None:
+                await self._abort(context, refusal)
+        return client
+
+    @staticmethod
+    async def _abort(context: Any, refusal: Refusal) -> NoReturn:
+        code, details, trailers = _Guard.refused(refusal)
+        context.set_trailing_metadata(trailers)
+        await context.abort(code, details)
+        raise AssertionError("context.abort() returned")  # it raises
+
+    def _wrap(
+        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
+    ) -> Any:
+        guard, method = self._guard, details.method
+        serialize = handler.response_serializer or _raw
+        leave = guard.leave
+
+        if streaming:
+
+            async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
+                client = await self._enter(_CallView(details, context), context, method)
+                try:
+                    async for item in behaviour(request, context):
+                        yield item
+                finally:
+                    leave(client)
+
+            return streamed
+
+        async def unary(request: Any, context: Any) -> Any:
+            view = _CallView(details, context)
+            client = await self._enter(view, context, method)
+            try:
+                if not keyed:
+                    return await behaviour(request, context)
+                return await self._keyed(behaviour, serialize, view, request, context, method)
+            finally:
+                leave(client)
+
+        return unary
+
+    async def _keyed(
+        self,
+        behaviour: Any,
+        serialize: Any,
+        view: _CallView,
+        request: Any,
+        context: Any,
+        method: str,
+    ) -> bytes:
+        guard = self._guard
+        assert guard.idempotency is not None
+        keyed = guard.idempotent(view)
+        if keyed is None:
+            return bytes(serialize(await behaviour(request, context)))
+        if isinstance(keyed, Refusal):
+            await self._abort(context, keyed)
+        scope, key = keyed
+        started = await guard.idempotency.abegin(scope, key, _fp(method, request))
+        if isinstance(started, Refusal):
+            await self._abort(context, started)
+        if isinstance(started, tuple):
+            context.set_trailing_metadata((("idempotent-replayed", "true"),))
+            return bytes(started[2])
+        assert isinstance(started, Ticket)
+        try:
+            body = bytes(serialize(await behaviour(request, context)))
+        except BaseException:
+            await guard.idempotency.aabandon(started)
+            raise
+        if _ok(context):
+            await guard.idempotency.afinish(started, 200, _stored(body))
+        else:
+            await guard.idempotency.aabandon(started)
+        return body

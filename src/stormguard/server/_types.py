@@ -1,0 +1,13 @@
+# ASGI 3 type aliases, spelled out here so no framework is imported.
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, TypeAlias
+
+__all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send"]
+
+Scope: TypeAlias = MutableMapping[str, Any]
+Message: TypeAlias = MutableMapping[str, Any]
+Receive: TypeAlias = Callable[[], Awaitable[Message]]
+Send: TypeAlias = Callable[[Message], Awaitable[None]]
+ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
