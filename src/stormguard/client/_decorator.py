@@ -296,16 +296,9 @@ def retry(
         if inspect.iscoroutinefunction(func):
             afunc: Callable[P, Awaitable[Any]] = func
 
-            @functools.wraps(func)
-            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                started = now()
-                first = None
-                if fast:
-                    try:
-                        return await afunc(*args, **kwargs)
-                    except Exception as exc:
-                        first = judge(exc)
-
+            async def aretried(
+                started: float, first: Outcome | None, args: Any, kwargs: Any
+            ) -> Any:
                 async def asend() -> Outcome:
                     try:
                         return Outcome(None, False, await afunc(*args, **kwargs))
@@ -315,18 +308,19 @@ def retry(
                 run = engine.start(resolved, target=target, started_at=started)
                 return conclude(await run.arun(asend, first), resolved)
 
+            @functools.wraps(func)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                started = now()
+                if fast:
+                    try:
+                        return await afunc(*args, **kwargs)
+                    except Exception as exc:
+                        return await aretried(started, judge(exc), args, kwargs)
+                return await aretried(started, None, args, kwargs)
+
             return async_wrapper  # type: ignore[return-value]
 
-        @functools.wraps(func)
-        def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            started = now()
-            first = None
-            if fast:
-                try:
-                    return func(*args, **kwargs)
-                except Exception as exc:
-                    first = judge(exc)
-
+        def retried(started: float, first: Outcome | None, args: Any, kwargs: Any) -> Any:
             def send() -> Outcome:
                 try:
                     return Outcome(None, False, func(*args, **kwargs))
@@ -334,7 +328,20 @@ def retry(
                     return judge(exc)
 
             run = engine.start(resolved, target=target, started_at=started)
-            result: T = conclude(run.run(send, first), resolved)
+            return conclude(run.run(send, first), resolved)
+
+        @functools.wraps(func)
+        def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            # The fast lane keeps no closure over the arguments: the retry path
+            # (`retried`) is a separate function, entered only after a failure.
+            started = now()
+            if fast:
+                try:
+                    return func(*args, **kwargs)
+                except Exception as exc:
+                    result: T = retried(started, judge(exc), args, kwargs)
+                    return result
+            result = retried(started, None, args, kwargs)
             return result
 
         return sync_wrapper
