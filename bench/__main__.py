@@ -17,6 +17,8 @@ BENCHMARKS = {
     "sim": "bench.bench_sim",
     "fuzz_headers": "bench.fuzz_headers",
     "server": "bench.bench_server",
+    "gateway": "bench.bench_gateway",
+    "gateway-grpc": "bench.bench_gateway_grpc",
 }
 
 

@@ -20,6 +20,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "demo_command",
         "Naive vs stormguard client against a flaky API.",
     ),
+    "gateway": (
+        "stormguard.gateway._cli",
+        "gateway_group",
+        "HTTP + WebSocket gateway: limits, breakers, bulkheads, idempotency.",
+    ),
     "mock": (
         "stormguard.mock._cli",
         "mock_group",

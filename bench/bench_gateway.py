@@ -1,0 +1,264 @@
+"""The gateway under wrk at 50 connections: req/s, p50/p99, as ratios in one run.
+
+Contenders, all in front of the same upstream (an nginx worker answering a fixed
+200, so the upstream is never the bottleneck being measured):
+
+* the upstream directly (the ceiling);
+* nginx as a reverse proxy, plain pass-through (the peer);
+* nginx with ``limit_req`` (a zone per client IP, a rate nobody reaches);
+* ``stormguard gateway`` with a per-client limit, a global limit and a breaker on,
+  with the memory store and with Redis (a redis-server started for the run).
+
+Every proxy runs one worker process. Figures are ratios against nginx's
+pass-through req/s measured in the same run; absolute numbers are noise on shared
+machines. Where wrk, nginx or redis-server is missing the bench says so and skips
+what needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CONNECTIONS = 50
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+@contextmanager
+def _process(cmd: list[str], port: int, **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+    try:
+        _wait_port(port, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _nginx(workdir: Path, name: str, server: str) -> tuple[list[str], Path]:
+    directory = workdir / name
+    (directory / "logs").mkdir(parents=True)
+    conf = directory / "nginx.conf"
+    conf.write_text(
+        textwrap.dedent(
+            f"""\
+            worker_processes 1;
+            daemon off;
+            pid {directory}/nginx.pid;
+            error_log {directory}/logs/error.log warn;
+            events {{ worker_connections 4096; }}
+            http {{
+                access_log off;
+                client_body_temp_path {directory}/body;
+                proxy_temp_path {directory}/proxy;
+                fastcgi_temp_path {directory}/fastcgi;
+                uwsgi_temp_path {directory}/uwsgi;
+                scgi_temp_path {directory}/scgi;
+                {server}
+            }}
+            """
+        )
+    )
+    return ["nginx", "-p", str(directory), "-c", str(conf)], conf
+
+
+def _upstream_block(port: int) -> str:
+    return f"""
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        location / {{ return 200 "ok\\n"; }}
+    }}"""
+
+
+def _proxy_block(port: int, upstream: int, limit: bool) -> str:
+    zone = "limit_req_zone $binary_remote_addr zone=perip:10m rate=1000000r/s;" if limit else ""
+    rule = "limit_req zone=perip burst=1000000 nodelay;" if limit else ""
+    return f"""
+    {zone}
+    upstream backend {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        location / {{
+            {rule}
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_pass http://backend;
+        }}
+    }}"""
+
+
+def _gateway_config(path: Path, port: int, admin: int, upstream: int, store: str) -> None:
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            listen: {{http: 127.0.0.1:{port}, admin: 127.0.0.1:{admin}}}
+            store: {store}
+            on_store_error: open
+            access_log: false
+            upstreams:
+              backend:
+                url: http://127.0.0.1:{upstream}
+                breaker: {{failure_rate: 0.5, min_calls: 20, window: 30, open_for: 5}}
+                bulkhead: {{limit: 200}}
+            limits:
+              per-client: {{algorithm: token_bucket, rate: 1000000, burst: 1000000, per: client}}
+              global: {{algorithm: sliding_window, limit: 100000000, window: 1, per: global}}
+            routes:
+              - path: /
+                upstream: backend
+                limits: [per-client, global]
+            """
+        )
+    )
+
+
+def _wrk(port: int, seconds: int) -> tuple[float, float, float]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t2",
+            f"-c{CONNECTIONS}",
+            f"-d{seconds}s",
+            "--latency",
+            f"http://127.0.0.1:{port}/",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"50%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"99%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
+    return rps, p50, p99
+
+
+def _ms(value: str) -> float:
+    number = float(re.match(r"[\d.]+", value).group(0))  # type: ignore[union-attr]
+    unit = value[len(re.match(r"[\d.]+", value).group(0)) :]  # type: ignore[union-attr]
+    return number * {"us": 0.001, "ms": 1.0, "s": 1000.0}.get(unit, 1.0)
+
+
+def _gateway_cmd(config: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "from stormguard.cli import main; main()",
+        "gateway",
+        "--config",
+        str(config),
+    ]
+
+
+def _warm(port: int) -> None:
+    for _ in range(20):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
+
+
+def main(quick: bool) -> None:
+    """Run the gateway benchmark (``quick``: 2 s per contender instead of 8)."""
+    seconds = 2 if quick else 8
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (Debian package 'wrk'): gateway bench skipped")
+        return
+    have_nginx = shutil.which("nginx") is not None
+    if not have_nginx:
+        print("nginx is not installed (Debian package 'nginx'): nginx rows and upstream skipped")
+        return
+    rows: list[tuple[str, float, float, float]] = []
+    with tempfile.TemporaryDirectory(prefix="stormguard-bench-gw-") as tmp:
+        workdir = Path(tmp)
+        up_port = _free_port()
+        cmd, _ = _nginx(workdir, "upstream", _upstream_block(up_port))
+        with _process(cmd, up_port):
+            rows.append(("upstream direct", *_wrk(up_port, seconds)))
+            for name, limit in (("nginx pass-through", False), ("nginx + limit_req", True)):
+                port = _free_port()
+                cmd, _ = _nginx(
+                    workdir,
+                    name.replace(" ", "_").replace("+", ""),
+                    _proxy_block(port, up_port, limit),
+                )
+                with _process(cmd, port):
+                    _warm(port)
+                    rows.append((name, *_wrk(port, seconds)))
+            stores = [("memory", "memory")]
+            redis_server = shutil.which("redis-server")
+            redis_port = _free_port()
+            if redis_server:
+                stores.append(("redis", f"redis://127.0.0.1:{redis_port}/0"))
+            else:
+                print("redis-server is not installed: the Redis row is skipped")
+            redis_cmd = [
+                redis_server or "redis-server",
+                "--port",
+                str(redis_port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                tmp,
+            ]
+            redis_ctx = _process(redis_cmd, redis_port) if redis_server else None
+            try:
+                if redis_ctx is not None:
+                    redis_ctx.__enter__()
+                for label, store in stores:
+                    port, admin = _free_port(), _free_port()
+                    config = workdir / f"gateway-{label}.yaml"
+                    _gateway_config(config, port, admin, up_port, store)
+                    env = {**os.environ}
+                    with _process(_gateway_cmd(config), port, env=env):
+                        _warm(port)
+                        rows.append((f"stormguard gateway ({label})", *_wrk(port, seconds)))
+            finally:
+                if redis_ctx is not None:
+                    redis_ctx.__exit__(None, None, None)
+    peer = next(r for r in rows if r[0] == "nginx pass-through")
+    direct = rows[0]
+    print(f"wrk, {CONNECTIONS} connections, {seconds}s each; one worker per proxy")
+    head = ("contender", "req/s", "p50 ms", "p99 ms", "vs nginx", "added p50")
+    print(f"{head[0]:32} {head[1]:>10} {head[2]:>8} {head[3]:>8} {head[4]:>9} {head[5]:>10}")
+    for name, rps, p50, p99 in rows:
+        ratio, added = rps / peer[1], p50 - direct[2]
+        print(f"{name:32} {rps:10.0f} {p50:8.2f} {p99:8.2f} {ratio:8.2f}x {added:9.2f}ms")
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)

@@ -1,0 +1,126 @@
+# The gateway as two ASGI apps: the proxy (HTTP + WebSocket on `listen.http`) and
+# the admin app (`listen.admin`: /metrics, /status, /healthz, /readyz).
+#
+# `Gateway.runtime` is the one mutable reference: a reload builds a new Runtime and
+# assigns it; every request reads it once on arrival, so a request never sees half
+# of two configurations.
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from ..server._types import Receive, Scope, Send
+from ._config import GatewayConfig
+from ._metrics import GatewayMetrics, StatusBuilder
+from ._proxy import handle_http
+from ._runtime import Runtime
+from ._ws import WebSocketHub, handle_websocket
+
+__all__ = ["AdminApp", "Gateway"]
+
+log = logging.getLogger("stormguard.gateway")
+
+
+class Gateway:
+    """The proxy ASGI app over a swappable :class:`Runtime`."""
+
+    def __init__(self, config: GatewayConfig, *, workers: int = 1) -> None:
+        self.metrics = GatewayMetrics()
+        self.workers = workers
+        self.runtime = Runtime(config, self.metrics, workers=workers)
+        self.hub = WebSocketHub()
+        self.ready = False
+        self._refresher: asyncio.Task[None] | None = None
+
+    def swap(self, config: GatewayConfig) -> None:
+        """Atomically replace the configuration (the new one is already validated)."""
+        new = Runtime(config, self.metrics, workers=self.workers, previous=self.runtime)
+        old, self.runtime = self.runtime, new
+        asyncio.get_running_loop().call_later(
+            old.config.drain + 1.0, lambda: asyncio.ensure_future(new.close_retired())
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await handle_http(self.runtime, scope, receive, send)
+        elif kind == "websocket":
+            await handle_websocket(self.runtime, self.hub, scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def start(self) -> None:
+        """Begin publishing gauges; mark the gateway ready."""
+        if self._refresher is None:
+            self._refresher = asyncio.ensure_future(self._refresh())
+        self.ready = True
+
+    async def stop(self) -> None:
+        """Close WebSockets (1001), connection pools and the store."""
+        self.ready = False
+        self.hub.shutdown()
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
+        await self.runtime.aclose()
+
+    async def _refresh(self) -> None:
+        while True:
+            try:
+                await self.runtime.refresh_gauges()
+            except Exception:  # a store hiccup must not stop the gauges
+                log.debug("gauge refresh failed", exc_info=True)
+            await asyncio.sleep(0.25)
+
+
+class AdminApp:
+    """/metrics, /status, /healthz, /readyz (``ready`` says whether to accept traffic)."""
+
+    def __init__(self, status: StatusBuilder, ready: Any = None) -> None:
+        self.status = status
+        self.ready = ready  # () -> bool
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                reply = message["type"] + ".complete"
+                await send({"type": reply})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/metrics":
+            body = self.status.metrics_text()
+            await _send(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/status":
+            body = json.dumps(self.status.status(), sort_keys=True).encode()
+            await _send(send, 200, body, b"application/json")
+        elif path == "/healthz":
+            await _send(send, 200, b'{"status":"ok"}', b"application/json")
+        elif path == "/readyz":
+            ready = self.ready() if self.ready is not None else True
+            body = b'{"status":"ready"}' if ready else b'{"status":"not ready"}'
+            await _send(send, 200 if ready else 503, body, b"application/json")
+        else:
+            await _send(send, 404, b'{"status":"not found"}', b"application/json")
+
+
+async def _send(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

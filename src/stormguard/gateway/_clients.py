@@ -1,0 +1,49 @@
+# Who is the client? The first of `clients.key` present names it (`header:NAME`, or
+# `ip`: the peer, or behind `clients.trusted_proxies` the forwarded address). The
+# key functions and the trusted-proxy rule are the server side's (server/_rules.py);
+# this only tries them in order. Logs and dashboards never show a raw key:
+# `client_id()` is the first 8 hex digits of its SHA-256 (pinned).
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from functools import lru_cache
+
+from ..server._rules import ClientAddress, KeyFunc, RequestView, compile_key
+
+__all__ = ["ClientIdentity", "client_id"]
+
+
+@lru_cache(maxsize=4096)
+def client_id(key: str) -> str:
+    """The loggable name of a client key: the first 8 hex digits of its SHA-256."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+class ClientIdentity:
+    """Names the client of a request: ``(rule, key)`` from the first rule present."""
+
+    __slots__ = ("_address", "_keys")
+
+    def __init__(self, rules: Sequence[str], trusted_proxies: Sequence[str]) -> None:
+        self._address = ClientAddress.of(trusted_proxies)
+        self._keys: tuple[tuple[str, KeyFunc], ...] = tuple(
+            (rule, compile_key(rule, self._address)) for rule in rules
+        )
+
+    def ip(self, view: RequestView) -> str:
+        """The client address (forwarded headers believed only from trusted proxies)."""
+        return self._address.resolve(view) or "unknown"
+
+    def trusted_peer(self, view: RequestView) -> bool:
+        """Whether the transport peer is a trusted proxy."""
+        peer = view.peer()
+        return peer is not None and self._address._trusted(peer)
+
+    def identify(self, view: RequestView) -> tuple[str, str]:
+        """``(rule, key)``: the first configured rule that resolves names the client."""
+        for rule, key_of in self._keys:
+            key = key_of(view)
+            if key is not None:
+                return rule, key
+        return "ip", f"ip:{self.ip(view)}"

@@ -1,0 +1,566 @@
+# The gateway's configuration: pydantic models, `${ENV}` expansion, cross-references,
+# and every error at once as `file:line:col: dotted.path: message`.
+#
+# Loading is three passes over one document so that a single run shows every
+# mistake: (1) parse (YAML keeps node marks for line and column; TOML gets lines by
+# a search of its source, column 1); (2) expand `${NAME}` / `${NAME:-default}` in
+# string values (an unset name without a default is an error at that value);
+# (3) pydantic validation with unknown keys forbidden, plus the references between
+# sections (route -> upstream, route -> limit) checked on the raw document, so they
+# are reported even when an unrelated field is invalid.
+#
+# The format is the one in the design document ("Gateway"); later issues extend it
+# (the gRPC proxy reads `listen.grpc` and the `grpc:` routes validated here).
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .._errors import ConfigError, StormguardError
+
+__all__ = [
+    "ALGORITHMS",
+    "GatewayConfig",
+    "GatewayConfigError",
+    "Limit",
+    "Route",
+    "Upstream",
+    "load_config",
+    "parse_config",
+]
+
+FieldPath = tuple[str | int, ...]
+Position = tuple[int, int]
+
+ALGORITHMS = (
+    "token_bucket",
+    "gcra",
+    "sliding_window",
+    "sliding_log",
+    "fixed_window",
+    "concurrency",
+)
+
+
+class GatewayConfigError(ConfigError):
+    """An invalid gateway configuration; ``errors`` holds one line per mistake."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        self.field = "config"
+        StormguardError.__init__(self, "\n".join(errors))  # the lines name their fields
+
+
+# --- models ---------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+_HOSTPORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$")
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:8080"`` -> ``("127.0.0.1", 8080)``; ``[::1]:80`` keeps the brackets off."""
+    match = _HOSTPORT.match(value)
+    if match is None or not 0 <= int(match["port"]) <= 65535:
+        raise ValueError(f"must be host:port, got {value!r}")
+    return match["host"].strip("[]"), int(match["port"])
+
+
+class Listen(_Model):
+    """Where the gateway listens: ``http`` (HTTP + WebSocket), ``grpc``, ``admin``."""
+
+    http: str = "127.0.0.1:8080"
+    grpc: str | None = None
+    admin: str | None = "127.0.0.1:9901"
+
+    @field_validator("http", "grpc", "admin")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_hostport(value)
+        return value
+
+
+class Clients(_Model):
+    """How a request names its client: the first key present wins."""
+
+    key: list[str] = Field(default_factory=lambda: ["ip"], min_length=1)
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+    @field_validator("key")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item != "ip" and not (item.startswith("header:") and len(item) > 7):
+                raise ValueError(f"each key must be 'ip' or 'header:NAME', got {item!r}")
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP network: {item!r}") from None
+        return value
+
+
+class Timeout(_Model):
+    """Upstream timeouts in seconds; ``total`` bounds the whole exchange."""
+
+    connect: Seconds = 1.0
+    read: Seconds = 10.0
+    total: Seconds | None = None
+
+
+class BreakerSettings(_Model):
+    """A :class:`stormguard.CircuitBreaker` per upstream (shared through the store)."""
+
+    failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5
+    min_calls: Annotated[int, Field(ge=1)] = 20
+    window: Seconds = 30.0
+    open_for: Seconds = 5.0
+    open_for_max: Seconds = 300.0
+    half_open_probes: Annotated[int, Field(ge=1)] = 1
+
+
+class BulkheadSettings(_Model):
+    """At most ``limit`` requests in flight to the upstream, ``per_client`` of them each."""
+
+    limit: Annotated[int, Field(ge=1)] = 100
+    per_client: Annotated[int, Field(ge=1)] | None = None
+    max_wait: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+
+class RetrySettings(_Model):
+    """Retries of safe failures (total ``attempts``) within a budget ``ratio``."""
+
+    attempts: Annotated[int, Field(ge=1, le=10)] = 2
+    budget: Annotated[float, Field(ge=0, le=1)] = 0.1
+
+
+class EjectSettings(_Model):
+    """Passive ejection: a target failing ``failures`` times in a row rests ``duration`` s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    failures: Annotated[int, Field(ge=1)] = 3
+    duration: Seconds = Field(10.0, alias="for")
+
+
+class Upstream(_Model):
+    """One upstream service: ``url`` or ``targets`` (round-robin), and its protection."""
+
+    url: str | None = None
+    targets: list[str] | None = None
+    timeout: Timeout = Timeout()
+    breaker: BreakerSettings | None = None
+    bulkhead: BulkheadSettings | None = None
+    retries: RetrySettings | None = None
+    eject: EjectSettings = Field(default_factory=lambda: EjectSettings.model_validate({}))
+
+    @model_validator(mode="after")
+    def _one_address(self) -> Upstream:
+        if (self.url is None) == (self.targets is None):
+            raise ValueError("give exactly one of 'url' or 'targets'")
+        if self.targets is not None and not self.targets:
+            raise ValueError("'targets' must list at least one URL")
+        schemes = {_scheme(t) for t in self.all_targets}
+        if not schemes <= {"http", "https", "ws", "wss", "grpc"} or len(schemes) != 1:
+            raise ValueError(f"targets must share one scheme of http, https or grpc: {schemes}")
+        return self
+
+    @property
+    def all_targets(self) -> list[str]:
+        """Every target URL (``url`` alone is one target)."""
+        return [self.url] if self.url is not None else list(self.targets or ())
+
+    @property
+    def is_grpc(self) -> bool:
+        """Whether the upstream speaks gRPC (served by the gRPC proxy)."""
+        return _scheme(self.all_targets[0]) == "grpc"
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0].lower() if "://" in url else ""
+
+
+class Limit(_Model):
+    """A named limit: an algorithm with its parameters, counted ``per`` client or globally."""
+
+    algorithm: Literal[
+        "token_bucket", "gcra", "sliding_window", "sliding_log", "fixed_window", "concurrency"
+    ]
+    rate: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    burst: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = None
+    limit: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = None
+    window: Seconds | None = None
+    lease: Seconds = 60.0
+    per: Literal["client", "global"] = "client"
+
+    @model_validator(mode="after")
+    def _parameters(self) -> Limit:
+        need: tuple[str, ...]
+        forbid: tuple[str, ...]
+        if self.algorithm in ("token_bucket", "gcra"):
+            need, forbid = ("rate", "burst"), ("limit", "window")
+        elif self.algorithm == "concurrency":
+            need, forbid = ("limit",), ("rate", "burst", "window")
+        else:
+            need, forbid = ("limit", "window"), ("rate", "burst")
+        missing = [name for name in need if getattr(self, name) is None]
+        extra = [name for name in forbid if getattr(self, name) is not None]
+        if missing:
+            raise ValueError(f"{self.algorithm} needs {', '.join(missing)}")
+        if extra:
+            raise ValueError(f"{self.algorithm} takes no {', '.join(extra)}")
+        return self
+
+
+class Delay(_Model):
+    """Shape instead of refusing: hold a request at most ``delay`` seconds."""
+
+    delay: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)]
+
+
+class WebSocketSettings(_Model):
+    """Limits of a WebSocket route (per client, per connection)."""
+
+    connections_per_client: Annotated[int, Field(ge=1)] | None = None
+    connections_per_second: Annotated[float, Field(gt=0)] | None = None
+    messages_per_second: Annotated[float, Field(gt=0)] | None = None
+    burst: Annotated[float, Field(ge=1)] | None = None
+    client_messages_per_second: Annotated[float, Field(gt=0)] | None = None
+    max_message: Annotated[int, Field(ge=1)] = 1 << 20
+
+
+class Route(_Model):
+    """One route: an HTTP ``path`` prefix (+ methods, + host) or a ``grpc`` service."""
+
+    path: str | None = None
+    grpc: str | None = None
+    methods: list[str] | None = None
+    host: str | None = None
+    upstream: str
+    limits: list[str] = Field(default_factory=list)
+    on_limit: Literal["reject"] | Delay = "reject"
+    idempotency: Literal["require", "honor", "off"] = "off"
+    websocket: WebSocketSettings | None = None
+    refuse_with: Literal["unavailable", "resource_exhausted"] = "unavailable"
+    max_body: Annotated[int, Field(ge=0)] | None = None
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            value = [m.upper() for m in value]
+            for method in value:
+                if not method.isalpha():
+                    raise ValueError(f"not an HTTP method: {method!r}")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must start with '/', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _kind(self) -> Route:
+        if (self.path is None) == (self.grpc is None):
+            raise ValueError("give exactly one of 'path' (HTTP/WebSocket) or 'grpc'")
+        if self.grpc is not None and self.websocket is not None:
+            raise ValueError("a gRPC route takes no 'websocket'")
+        return self
+
+    @property
+    def name(self) -> str:
+        """The route's name in /status and metrics: its path or gRPC service."""
+        return self.path if self.path is not None else str(self.grpc)
+
+
+class GatewayConfig(_Model):
+    """The whole gateway configuration (see the README's "Gateway" section)."""
+
+    listen: Listen = Listen()
+    store: str = "memory"
+    on_store_error: Literal["open", "closed", "local"] = "local"
+    instances: Annotated[int, Field(ge=1)] | None = None
+    clients: Clients = Clients()
+    upstreams: dict[str, Upstream] = Field(default_factory=dict)
+    limits: dict[str, Limit] = Field(default_factory=dict)
+    routes: list[Route] = Field(default_factory=list)
+    max_body: Annotated[int, Field(ge=0)] = 10 << 20
+    header_timeout: Seconds = 10.0
+    body_timeout: Seconds = 30.0
+    drain: Annotated[float, Field(ge=0)] = 10.0
+    access_log: bool = True
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str) -> str:
+        scheme = value.partition("://")[0].lower()
+        if value != "memory" and scheme not in ("memory", "redis", "rediss", "unix"):
+            raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
+        return value
+
+    @property
+    def shared_store(self) -> bool:
+        """Whether state lives in a store other processes can see (Redis)."""
+        return self.store != "memory" and not self.store.startswith("memory:")
+
+
+# --- references between sections ---------------------------------------------------
+
+
+def _references(data: Any) -> list[tuple[FieldPath, str]]:
+    # Checked on the raw document so that they are reported alongside field errors.
+    problems: list[tuple[FieldPath, str]] = []
+    if not isinstance(data, Mapping):
+        return problems
+    upstreams: Mapping[Any, Any] = _get(data, "upstreams", Mapping, {})
+    limits: Mapping[Any, Any] = _get(data, "limits", Mapping, {})
+    routes: list[Any] = _get(data, "routes", list, [])
+    seen: dict[str, int] = {}
+    for i, route in enumerate(routes):
+        if not isinstance(route, Mapping):
+            continue
+        name = route.get("upstream")
+        if isinstance(name, str) and name not in upstreams:
+            known = ", ".join(sorted(map(str, upstreams))) or "none defined"
+            problems.append((("routes", i, "upstream"), f"unknown upstream {name!r} ({known})"))
+        target = upstreams.get(name) if isinstance(name, str) else None
+        if isinstance(target, Mapping):
+            url = target.get("url") or (target.get("targets") or [""])[0]
+            grpc_up = isinstance(url, str) and url.startswith("grpc://")
+            if "grpc" in route and not grpc_up:
+                problems.append((("routes", i, "upstream"), f"{name!r} is not a grpc:// upstream"))
+            if "path" in route and grpc_up:
+                problems.append((("routes", i, "upstream"), f"{name!r} is a gRPC upstream"))
+        names = route.get("limits")
+        if isinstance(names, list):
+            for j, limit in enumerate(names):
+                if isinstance(limit, str) and limit not in limits:
+                    known = ", ".join(sorted(map(str, limits))) or "none defined"
+                    problems.append(
+                        (("routes", i, "limits", j), f"unknown limit {limit!r} ({known})")
+                    )
+        key = str(route.get("path") or route.get("grpc")) + "|" + str(route.get("host"))
+        methods = route.get("methods")
+        key += "|" + ",".join(sorted(map(str, methods))) if isinstance(methods, list) else "|*"
+        if key in seen:
+            problems.append(((("routes", i)), f"same match as routes[{seen[key]}]; never reached"))
+        seen.setdefault(key, i)
+    return problems
+
+
+def _get(data: Mapping[Any, Any], key: str, kind: Any, default: Any) -> Any:
+    value = data.get(key)
+    return value if isinstance(value, kind) else default
+
+
+# --- sources: text -> data + positions -----------------------------------------------
+
+
+def _yaml_source(text: str) -> tuple[Any, dict[FieldPath, Position]]:
+    import yaml
+
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return {}, {}
+    positions: dict[FieldPath, Position] = {}
+    constructor = yaml.constructor.SafeConstructor()
+
+    def walk(n: Any, path: FieldPath) -> Any:
+        positions.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
+        if isinstance(n, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in n.value:
+                key = constructor.construct_object(key_node, deep=True)
+                child = (*path, str(key))
+                if key in out:
+                    raise _Duplicate(
+                        child, key_node.start_mark.line + 1, key_node.start_mark.column + 1
+                    )
+                # An unknown or missing key points at the key itself.
+                positions[(*child, "<key>")] = (
+                    key_node.start_mark.line + 1,
+                    key_node.start_mark.column + 1,
+                )
+                out[key] = walk(value_node, child)
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [walk(item, (*path, i)) for i, item in enumerate(n.value)]
+        return constructor.construct_object(n, deep=True)
+
+    return walk(node, ()), positions
+
+
+class _Duplicate(Exception):
+    def __init__(self, path: FieldPath, line: int, col: int) -> None:
+        super().__init__("duplicate key")
+        self.path, self.line, self.col = path, line, col
+
+
+def _toml_source(text: str) -> tuple[Any, dict[FieldPath, Position]]:
+    import tomllib
+
+    from ..mock._sources import _toml_lines  # one TOML line finder for the project
+
+    data = tomllib.loads(text)
+    return data, {path: (line, 1) for path, line in _toml_lines(text).items()}
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(
+    data: Any, path: FieldPath, env: Mapping[str, str], errors: list[tuple[FieldPath, str]]
+) -> Any:
+    if isinstance(data, dict):
+        return {k: _expand(v, (*path, str(k)), env, errors) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_expand(v, (*path, i), env, errors) for i, v in enumerate(data)]
+    if isinstance(data, str) and "${" in data:
+
+        def one(match: re.Match[str]) -> str:
+            name, default = match[1], match[2]
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            errors.append(
+                (path, f"environment variable {name} is not set (use ${{{name}:-default}})")
+            )
+            return ""
+
+        return _ENV.sub(one, data)
+    return data
+
+
+def dotted(path: FieldPath) -> str:
+    """``("routes", 0, "upstream")`` -> ``"routes.0.upstream"``."""
+    return ".".join(str(part) for part in path) or "<top>"
+
+
+def parse_config(
+    text: str,
+    source: str = "<config>",
+    *,
+    fmt: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> GatewayConfig:
+    """Validate a configuration document (YAML by default; ``fmt="toml"`` for TOML).
+
+    Raises :class:`GatewayConfigError` listing every mistake as
+    ``source:line:col: dotted.path: message``.
+    """
+    fmt = fmt or ("toml" if source.endswith(".toml") else "yaml")
+    try:
+        data, positions = _toml_source(text) if fmt == "toml" else _yaml_source(text)
+    except _Duplicate as dup:
+        raise GatewayConfigError(
+            [f"{source}:{dup.line}:{dup.col}: {dotted(dup.path)}: duplicate key"]
+        ) from None
+    except Exception as exc:  # yaml.MarkedYAMLError / tomllib.TOMLDecodeError
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{mark.line + 1}:{mark.column + 1}" if mark is not None else _toml_where(exc)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise GatewayConfigError(
+            [f"{source}:{where}: <top>: invalid {fmt.upper()}: {problem}"]
+        ) from None
+    problems: list[tuple[FieldPath, str]] = []
+    data = _expand(data, (), os.environ if env is None else env, problems)
+    config: GatewayConfig | None = None
+    if not isinstance(data, dict):
+        problems.append(((), f"the document must be a mapping, got {type(data).__name__}"))
+    else:
+        try:
+            config = GatewayConfig.model_validate(data)
+        except ValidationError as exc:
+            for error in exc.errors():
+                loc = _model_path(error["loc"])
+                message = error["msg"]
+                if error["type"] == "extra_forbidden":
+                    message = "unknown key"
+                problems.append((loc, message.removeprefix("Value error, ")))
+        problems.extend(_references(data))
+    if problems:
+        raise GatewayConfigError(
+            [
+                f"{source}:{_where(positions, path)}: {dotted(path)}: {msg}"
+                for path, msg in _sorted(problems, positions)
+            ]
+        )
+    assert config is not None
+    return config
+
+
+def _model_path(loc: tuple[Any, ...]) -> FieldPath:
+    # pydantic adds union-branch names ("literal['reject']", "Delay") to locations.
+    out: list[str | int] = []
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part[:1].isupper()):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _where(positions: Mapping[FieldPath, Position], path: FieldPath) -> str:
+    if (*path, "<key>") in positions:
+        line, col = positions[(*path, "<key>")]
+        return f"{line}:{col}"
+    probe = path
+    while probe and probe not in positions:
+        probe = probe[:-1]
+    line, col = positions.get(probe, (1, 1))
+    return f"{line}:{col}"
+
+
+def _sorted(
+    problems: list[tuple[FieldPath, str]], positions: Mapping[FieldPath, Position]
+) -> list[tuple[FieldPath, str]]:
+    def key(item: tuple[FieldPath, str]) -> tuple[int, int]:
+        line, _, col = _where(positions, item[0]).partition(":")
+        return int(line), int(col)
+
+    unique = list(dict.fromkeys(problems))
+    return sorted(unique, key=key)
+
+
+def _toml_where(exc: Exception) -> str:
+    match = re.search(r"line (\d+), column (\d+)", str(exc))
+    return f"{match[1]}:{match[2]}" if match else "1:1"
+
+
+def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read and validate a configuration file (``.toml`` is TOML, anything else YAML)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise GatewayConfigError([f"{path}:1:1: <top>: cannot read: {exc.strerror}"]) from None
+    return parse_config(text, str(path), env=env)
+
+
+def check_workers(config: GatewayConfig, workers: int, source: str = "<config>") -> None:
+    """Refuse ``workers > 1`` with a process-local store (limits would not be shared)."""
+    if workers > 1 and not config.shared_store:
+        raise GatewayConfigError(
+            [
+                f"{source}:1:1: store: 'memory' cannot be shared by {workers} workers; "
+                "use a redis:// store or --workers 1"
+            ]
+        )

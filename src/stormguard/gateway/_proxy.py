@@ -1,0 +1,541 @@
+# The HTTP proxy leg: one request through the gateway, in order --
+#
+#   route match -> client key -> size cap (413) -> limits, one store call
+#   (429, or shaping: hold at most `delay` s) -> idempotency -> breaker (503) ->
+#   bulkhead (503) -> upstream attempt(s) -> stream the answer back.
+#
+# Retries: only failures the client decision table (core/_outcome.py) calls safe
+# for this method and key -- a connection never established always; a 502/503/504
+# or a lost connection only for idempotent or keyed requests -- and only with a
+# replayable body (small bodies are read whole; a streamed body is never replayed),
+# each retry asking the upstream's RetryBudget and breaker first.
+#
+# The client's disconnect cancels the upstream exchange: once the request body is
+# read, a watcher waits for `http.disconnect` and cancels the handler, which frees
+# the bulkhead slot and closes the upstream connection on its way out. The watcher
+# starts WATCH_AFTER into the exchange, so the many short requests never pay for
+# a task of their own.
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .._errors import CircuitOpen
+from ..core._outcome import Failure, Verdict, classify_error, classify_status
+from ..server._idempotency import IdempotencyMiddleware
+from ..server._refusal import Refusal, rate_limited, send_refusal, unavailable
+from ..server._types import Message, Receive, Scope, Send
+from ..server._view import ScopeView
+from ._clients import client_id
+from ._runtime import CLIENT_KEY, CompiledRoute, Runtime, client_of
+from ._upstream import Held, Target, UpstreamPool
+from ._wire import request_headers, response_headers
+
+__all__ = ["handle_http"]
+
+access_log = logging.getLogger("stormguard.gateway.access")
+log = logging.getLogger("stormguard.gateway")
+_BUFFER = 64 * 1024  # bodies up to this size are read whole (and may be retried)
+WATCH_AFTER = 0.05  # seconds before a request's disconnect watcher starts
+_BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _BodyTimeout(Exception):
+    pass
+
+
+class _Exchange:
+    """The bookkeeping of one request (for metrics and the access log)."""
+
+    __slots__ = ("client", "done", "gone", "outcome", "rule", "status", "upstream")
+
+    def __init__(self) -> None:
+        self.outcome = "allowed"
+        self.status = 0
+        self.client = ""
+        self.rule = ""
+        self.upstream = ""
+        self.gone = False  # the client disconnected before the answer was complete
+        self.done = False  # the last body message was handed to the server
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return bytes(v)
+    return None
+
+
+async def handle_http(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+    """Serve one HTTP request through ``rt`` (the runtime current when it arrived)."""
+    started = time.perf_counter()
+    ex = _Exchange()
+    route: CompiledRoute | None = None
+    try:
+        host = _header(scope, b"host")
+        hostname = host.decode("latin-1").rsplit(":", 1)[0].lower() if host else None
+        route = rt.match(scope["path"], scope["method"], hostname)
+        if route is None:
+            ex.outcome = "not_found"
+            await _refuse(send, ex, Refusal.of(404, "no route matches", reason="not_found"))
+            return
+        await _serve(rt, route, scope, receive, send, ex)
+    except Exception:  # a bug must not take the connection down without an answer
+        log.exception("gateway error on %s %s", scope["method"], scope["path"])
+        if ex.status == 0:
+            ex.outcome = "gateway_error"
+            await _refuse(send, ex, Refusal.of(502, "gateway error", reason="gateway_error"))
+    finally:
+        name = route.name if route is not None else "-"
+        rt.metrics.count(name, ex.outcome)
+        if ex.outcome not in ("allowed", "not_found", "upstream_error") and ex.client:
+            rt.metrics.refused_clients.labels(ex.client, ex.outcome).inc()
+        if rt.config.access_log:
+            access_log.info(
+                json.dumps(
+                    {
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "route": name,
+                        "status": ex.status,
+                        "policy": ex.outcome,
+                        "client": ex.client,
+                        "client_rule": ex.rule,
+                        "upstream": ex.upstream,
+                        "ms": round((time.perf_counter() - started) * 1000, 3),
+                    },
+                    separators=(",", ":"),
+                )
+            )
+
+
+async def _refuse(send: Send, ex: _Exchange, refusal: Refusal) -> None:
+    ex.status = refusal.status
+    ex.outcome = refusal.reason
+    await send_refusal(send, refusal)
+
+
+async def _serve(
+    rt: Runtime, route: CompiledRoute, scope: Scope, receive: Receive, send: Send, ex: _Exchange
+) -> None:
+    view = ScopeView(scope)
+    rule, key = rt.identity.identify(view)
+    scope[CLIENT_KEY] = key
+    ex.client, ex.rule = client_id(key), rule
+    length_header = _header(scope, b"content-length")
+    length = int(length_header) if length_header and length_header.isdigit() else None
+    if length is not None and length > route.max_body:
+        msg = f"request body of {length} bytes is over the {route.max_body}-byte limit"
+        await _refuse(send, ex, Refusal.of(413, msg, reason="too_large"))
+        return
+    decision = None
+    if route.rules is not None:
+        decision = await _decide(route, view, scope)
+        if decision is not None and not decision.allowed:
+            if route.rules.store_down and route.rules.fails_closed:
+                refusal = unavailable(
+                    decision.retry_after, "store_unavailable", "limits cannot be checked now"
+                )
+            else:
+                refusal = rate_limited(decision, "ietf")
+            await _refuse(send, ex, refusal)
+            return
+    try:
+        if route.config.idempotency != "off":
+            await _idempotent(rt, route, scope, receive, send, ex, length)
+            return
+        await _to_upstream(rt, route, route.upstream, scope, receive, send, ex, length)
+    finally:
+        if decision is not None and route.leased:
+            for part in decision.parts or (decision,):
+                limiter = route.leased.get(part.name)
+                if limiter is not None and part.lease:
+                    await limiter.release(_limit_key(route, part.name, scope), part.lease)
+
+
+_IDEMPOTENCY_REASONS = {
+    400: "idempotency_invalid",
+    409: "idempotency_conflict",
+    413: "too_large",
+    422: "idempotency_mismatch",
+    503: "store_unavailable",
+}
+_EXCHANGE = "stormguard.exchange"
+
+
+async def _idempotent(
+    rt: Runtime,
+    route: CompiledRoute,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    ex: _Exchange,
+    length: int | None,
+) -> None:
+    # The server side's IdempotencyMiddleware around the upstream leg: the claim per
+    # (client, key), 409 while in flight, 422 on a changed request, the replay, 5xx
+    # released, fail closed when the store is down. Its own answers are refusals.
+    middleware = route.idempotency
+    if middleware is None:
+        pool = route.upstream
+        t = pool.settings.timeout
+        lease = t.total or (t.connect + t.read) * pool.attempts
+        middleware = route.idempotency = IdempotencyMiddleware(
+            _upstream_app,
+            store=rt.store,
+            required=route.config.idempotency == "require",
+            scope=client_of,
+            max_body=route.max_body,
+            lease=max(lease, 1.0) + 5.0,
+        )
+    scope[_EXCHANGE] = (rt, route, ex, length)
+
+    async def observed(message: Message) -> None:
+        if message["type"] == "http.response.start" and not ex.upstream:
+            status = int(message["status"])
+            ex.status = status
+            ex.outcome = _IDEMPOTENCY_REASONS.get(status, "allowed")
+        await send(message)
+
+    await middleware(scope, receive, observed)
+
+
+async def _upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
+    rt, route, ex, length = scope[_EXCHANGE]
+    await _to_upstream(rt, route, route.upstream, scope, receive, send, ex, length)
+
+
+def _limit_key(route: CompiledRoute, name: str, scope: Scope) -> str:
+    assert route.rules is not None
+    view = ScopeView(scope)
+    for rule, key_of, _ in route.rules._entries:
+        if rule.name == name:
+            return str(key_of(view))
+    return ""
+
+
+async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
+    # reject: one store call. {delay: S}: wait out a refusal whose retry_after
+    # still ends within S seconds of arrival, then ask again (nginx burst+delay,
+    # expressed as time); past S the request is refused.
+    assert route.rules is not None
+    decision = await route.rules.adecide(view, scope["method"], scope["path"])
+    if route.delay is None or decision is None or decision.allowed:
+        return decision
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + route.delay
+    while decision is not None and not decision.allowed:
+        if loop.time() + decision.retry_after > deadline:
+            break
+        await asyncio.sleep(decision.retry_after)
+        decision = await route.rules.adecide(view, scope["method"], scope["path"])
+    return decision
+
+
+async def _admit(pool: UpstreamPool, send: Send, ex: _Exchange) -> Held | None:
+    try:
+        held = await pool.admit(ex.client)
+    except CircuitOpen as exc:
+        detail = f"upstream {pool.name!r} is failing; its circuit is open"
+        await _refuse(send, ex, unavailable(exc.remaining, "breaker_open", detail))
+        return None
+    if isinstance(held, Refusal):
+        await _refuse(send, ex, held)
+        return None
+    return held
+
+
+async def _to_upstream(
+    rt: Runtime,
+    route: CompiledRoute,
+    pool: UpstreamPool,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    ex: _Exchange,
+    length: int | None,
+) -> None:
+    ex.upstream = pool.name
+    method: str = scope["method"]
+    chunked = _header(scope, b"transfer-encoding") is not None
+    body_done = asyncio.Event()
+    body: bytes | _Stream | None
+    try:
+        if not chunked and (length is None or length == 0):
+            body = None if method in _BODYLESS or length is None else b""
+            body_done.set()
+        elif not chunked and length is not None and length <= _BUFFER:
+            body = await _read_all(receive, route, rt.config.body_timeout)
+            body_done.set()
+        else:
+            body = _Stream(receive, route.max_body, rt.config.body_timeout, body_done)
+    except _TooLarge:
+        await _refuse(send, ex, Refusal.of(413, "request body too large", reason="too_large"))
+        return
+    except _BodyTimeout:
+        await _refuse(
+            send, ex, Refusal.of(408, "request body not received in time", reason="body_timeout")
+        )
+        return
+    except _ClientGone:
+        ex.outcome, ex.status = "client_gone", 499
+        return
+    admission = await _admit(pool, send, ex)
+    if admission is None:
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    # Most requests end within WATCH_AFTER; only longer ones get a watcher task.
+    watcher: list[asyncio.Future[None]] = []
+    timer = asyncio.get_running_loop().call_later(
+        WATCH_AFTER,
+        lambda: watcher.append(asyncio.ensure_future(_watch(receive, body_done, task, ex))),
+    )
+    try:
+        await _attempts(rt, pool, admission, scope, send, ex, body)
+    except asyncio.CancelledError:
+        if not ex.gone:
+            raise
+        ex.outcome, ex.status = "client_gone", 499
+        task.uncancel()
+    finally:
+        timer.cancel()
+        if watcher:
+            watcher[0].cancel()
+        pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)
+
+
+async def _watch(
+    receive: Receive, body_done: asyncio.Event, task: asyncio.Task[Any], ex: _Exchange
+) -> None:
+    await body_done.wait()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not ex.done:
+                ex.gone = True
+                task.cancel()
+            return
+
+
+async def _read_all(receive: Receive, route: CompiledRoute, wait: float) -> bytes:
+    chunks = []
+    size = 0
+    while True:
+        message = await _receive(receive, wait)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > route.max_body:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _receive(receive: Receive, wait: float) -> Any:
+    # `wait`: the longest pause between two pieces of the body (half-sent bodies).
+    try:
+        message = await asyncio.wait_for(receive(), wait)
+    except TimeoutError:
+        raise _BodyTimeout from None
+    if message["type"] == "http.disconnect":
+        raise _ClientGone
+    return message
+
+
+class _Stream:
+    """A request body streamed to the upstream; remembers why it stopped early."""
+
+    __slots__ = ("cap", "done", "error", "receive", "wait")
+
+    def __init__(self, receive: Receive, cap: int, wait: float, done: asyncio.Event) -> None:
+        self.receive, self.cap, self.wait, self.done = receive, cap, wait, done
+        self.error: Exception | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        try:
+            while True:
+                message = await _receive(self.receive, self.wait)
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.cap:
+                    raise _TooLarge
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    self.done.set()
+                    return
+        except (_TooLarge, _BodyTimeout, _ClientGone) as exc:
+            self.error = exc
+            raise
+
+
+async def _body_failed(exc: Exception, send: Send, ex: _Exchange) -> None:
+    if isinstance(exc, _TooLarge):
+        await _refuse(send, ex, Refusal.of(413, "request body too large", reason="too_large"))
+    elif isinstance(exc, _BodyTimeout):
+        msg = "request body not received in time"
+        await send_refusal(
+            send, Refusal.of(408, msg, reason="body_timeout", headers=[("Connection", "close")])
+        )
+        ex.outcome, ex.status = "body_timeout", 408
+    else:
+        ex.outcome, ex.status = "client_gone", 499
+
+
+def _failure_of(exc: BaseException) -> Failure:
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        return Failure.NOT_SENT
+    return Failure.MAYBE_PROCESSED
+
+
+async def _attempts(
+    rt: Runtime,
+    pool: UpstreamPool,
+    admission: Held,
+    scope: Scope,
+    send: Send,
+    ex: _Exchange,
+    body: bytes | _Stream | None,
+) -> None:
+    import aiohttp
+    import yarl
+
+    method: str = scope["method"]
+    view = ScopeView(scope)
+    headers = request_headers(scope, rt.identity.ip(view), rt.identity.trusted_peer(view))
+    keyed = _header(scope, b"idempotency-key") is not None
+    replayable = not hasattr(body, "__aiter__")
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    target_path = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+    session = pool.session()
+    budget = pool.budget
+    if budget is not None:
+        await budget.arecord_request()
+    permit = admission.permit
+    target: Target | None = None
+    for attempt in range(1, pool.attempts + 1):
+        if attempt > 1:
+            # A retry asks the budget, then the breaker, like a first attempt would.
+            if budget is None or not await budget.atry_retry():
+                break
+            if pool.breaker is not None:
+                try:
+                    permit = await pool.breaker.aacquire()
+                except CircuitOpen:
+                    break
+        target = pool.pick(avoid=target)
+        url = yarl.URL(target.base + target_path, encoded=True)
+        sent = time.perf_counter()
+        try:
+            response = await session.request(
+                method, url, headers=headers, data=body, allow_redirects=False
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(body, _Stream) and body.error is not None:
+                if permit is not None:
+                    await permit.arelease()  # the client's fault, not the upstream's
+                await _body_failed(body.error, send, ex)
+                return
+            failure = _failure_of(exc)
+            pool.report(target, True)
+            if permit is not None:
+                await permit.arecord(failure=True)
+                permit = None
+            timed_out = isinstance(exc, TimeoutError)
+            verdict = classify_error(failure, method, has_idempotency_key=keyed)
+            if verdict is Verdict.RETRY and replayable and attempt < pool.attempts:
+                continue
+            if timed_out:
+                await _refuse(
+                    send,
+                    ex,
+                    Refusal.of(504, f"upstream {pool.name!r} timed out", reason="upstream_timeout"),
+                )
+            else:
+                ex.status, ex.outcome = 502, "upstream_error"
+                await send_refusal(
+                    send,
+                    Refusal.of(502, f"upstream {pool.name!r} unreachable", reason="upstream_error"),
+                )
+            return
+        except asyncio.CancelledError:
+            if permit is not None:
+                await permit.arelease()
+            raise
+        rt.metrics.observe_latency(pool.name, time.perf_counter() - sent)
+        status = response.status
+        failed = status >= 500
+        pool.report(target, failed)
+        if permit is not None:
+            await permit.arecord(failure=failed)
+            permit = None
+        if (
+            failed
+            and replayable
+            and attempt < pool.attempts
+            and classify_status(status, method, has_idempotency_key=keyed) is Verdict.RETRY
+        ):
+            response.release()
+            continue
+        await _relay(response, send, ex, method)
+        return
+    # Out of retries (budget or breaker said no) after a failed attempt.
+    ex.status, ex.outcome = 502, "upstream_error"
+    await send_refusal(
+        send, Refusal.of(502, f"upstream {pool.name!r} failed", reason="upstream_error")
+    )
+
+
+async def _relay(response: Any, send: Send, ex: _Exchange, method: str) -> None:
+    # Small answers go out in one message; others stream as they arrive. A failure
+    # after the status line went out can only cut the connection (the server does).
+    import aiohttp
+
+    ex.status = response.status
+    start = {
+        "type": "http.response.start",
+        "status": response.status,
+        "headers": response_headers(response.raw_headers),
+    }
+    started = False
+    try:
+        length = response.content_length
+        if method == "HEAD" or (length is not None and length <= _BUFFER):
+            data = b"" if method == "HEAD" else await response.read()
+            started = True
+            await send(start)
+            ex.done = True
+            await send({"type": "http.response.body", "body": data})
+            return
+        started = True
+        await send(start)
+        async for chunk in response.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        ex.done = True
+        await send({"type": "http.response.body", "body": b""})
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        timed_out = isinstance(exc, TimeoutError)
+        ex.outcome = "upstream_timeout" if timed_out else "upstream_error"
+        if not started:
+            status = 504 if timed_out else 502
+            await send_refusal(send, Refusal.of(status, "upstream answer cut", reason=ex.outcome))
+            ex.status = status
+    finally:
+        response.release()

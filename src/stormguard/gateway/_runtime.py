@@ -1,0 +1,207 @@
+# A validated configuration turned into live objects: the store, one UpstreamPool
+# per upstream, and per route its match, its limits (a server-side RuleSet: every
+# limit of a request in one store call) and its policies. A reload builds a new
+# Runtime and swaps it in one assignment; requests in flight finish on the one
+# they started with. Upstreams whose settings did not change are carried over, so
+# a reload keeps their breaker state, bulkhead slots and connection pools.
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..core._limiters import (
+    GCRA,
+    Algorithm,
+    Concurrency,
+    FixedWindow,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+    TokenBucket,
+)
+from ..protection._permit import BreakerEvent
+from ..server._decide import RuleSet
+from ..server._rules import Rule
+from ..stores import MemoryStore, from_url
+from ._clients import ClientIdentity
+from ._config import GatewayConfig, Limit, Route, WebSocketSettings
+from ._metrics import BREAKER_CODES, GatewayMetrics
+from ._upstream import UpstreamPool
+
+__all__ = ["CLIENT_KEY", "CompiledRoute", "Runtime", "algorithm_of", "client_of"]
+
+log = logging.getLogger("stormguard.gateway")
+CLIENT_KEY = "stormguard.client"  # scope entry holding the request's client key
+
+
+def algorithm_of(limit: Limit) -> Algorithm:
+    """The limiter algorithm object of a configured limit."""
+    a = limit.algorithm
+    if a == "token_bucket":
+        return TokenBucket(rate=limit.rate, burst=limit.burst)  # type: ignore[arg-type]
+    if a == "gcra":
+        return GCRA(rate=limit.rate, burst=limit.burst)  # type: ignore[arg-type]
+    if a == "concurrency":
+        return Concurrency(limit=limit.limit, lease=limit.lease)  # type: ignore[arg-type]
+    window: Any = {
+        "sliding_window": SlidingWindowCounter,
+        "sliding_log": SlidingWindowLog,
+        "fixed_window": FixedWindow,
+    }[a]
+    return window(limit=limit.limit, window=limit.window)  # type: ignore[no-any-return]
+
+
+def client_of(scope: Any) -> str | None:
+    """The client key the proxy leg stored in the scope."""
+    return scope.get(CLIENT_KEY)  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class CompiledRoute:
+    """One HTTP/WebSocket route ready to serve."""
+
+    config: Route
+    name: str
+    prefix: str
+    methods: frozenset[str] | None
+    host: str | None
+    upstream: UpstreamPool
+    rules: RuleSet | None
+    delay: float | None
+    max_body: int
+    websocket: WebSocketSettings | None
+    leased: dict[str, Any]  # limit name -> limiter, for Concurrency limits
+    idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
+
+    def matches(self, path: str, method: str, host: str | None) -> bool:
+        """Prefix (segment-aware), methods and host match."""
+        prefix = self.prefix
+        if path != prefix and not path.startswith(prefix if prefix.endswith("/") else prefix + "/"):
+            return False
+        if self.methods is not None and method not in self.methods:
+            return False
+        return self.host is None or (host is not None and host == self.host)
+
+
+class Runtime:
+    """Everything a configuration builds; immutable once built (reload replaces it)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        *,
+        workers: int = 1,
+        previous: Runtime | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        instances = config.instances or workers
+        if previous is not None and previous.config.store == config.store:
+            self.store: Any = previous.store
+        elif config.shared_store:
+            self.store = from_url(config.store, asyncio=True, instances=instances)
+        else:
+            self.store = MemoryStore()
+        shared = self.store if config.shared_store else None
+        self.identity = ClientIdentity(config.clients.key, config.clients.trusted_proxies)
+        self.upstreams: dict[str, UpstreamPool] = {}
+        for name, settings in config.upstreams.items():
+            old = previous.upstreams.get(name) if previous is not None else None
+            if (
+                old is not None
+                and old.settings == settings
+                and previous is not None
+                and (previous.config.store == config.store)
+            ):
+                self.upstreams[name] = old
+            else:
+                self.upstreams[name] = UpstreamPool(
+                    name, settings, store=shared, on_breaker_event=self._breaker_event
+                )
+            h = settings.bulkhead
+            metrics.bulkhead_limit.labels(name).set(h.limit if h else 0)
+        self.retired = [
+            pool
+            for name, pool in (previous.upstreams.items() if previous is not None else ())
+            if self.upstreams.get(name) is not pool
+        ]
+        routes = [
+            self._compile(route, config, instances)
+            for route in config.routes
+            if route.path is not None
+        ]
+        # Longest prefix first; equal prefixes keep the file's order.
+        self.routes = sorted(routes, key=lambda r: -len(r.prefix))
+        self.grpc_routes = [route for route in config.routes if route.grpc is not None]
+
+    def _compile(self, route: Route, config: GatewayConfig, instances: int) -> CompiledRoute:
+        rules = []
+        for name in route.limits:
+            limit = config.limits[name]
+            key: Any = "global" if limit.per == "global" else client_of
+            rules.append(Rule(algorithm_of(limit), key=key, name=name))
+        ruleset = None
+        leased: dict[str, Any] = {}
+        if rules:
+            ruleset = RuleSet(
+                rules,
+                store=self.store,
+                on_store_error=config.on_store_error,
+                instances=instances,
+            )
+            leased = {
+                rule.name: limiter
+                for rule, _, limiter in ruleset._entries
+                if isinstance(rule.algorithm, Concurrency)
+            }
+        on_limit = route.on_limit
+        return CompiledRoute(
+            config=route,
+            name=route.name,
+            prefix=str(route.path),
+            methods=frozenset(route.methods) if route.methods else None,
+            host=route.host.lower() if route.host else None,
+            upstream=self.upstreams[route.upstream],
+            rules=ruleset,
+            delay=None if isinstance(on_limit, str) else on_limit.delay,
+            max_body=route.max_body if route.max_body is not None else config.max_body,
+            websocket=route.websocket,
+            leased=leased,
+        )
+
+    def _breaker_event(self, event: BreakerEvent) -> None:
+        name = (event.name or "").removeprefix("gateway:")
+        if event.kind == "state_change":
+            self.metrics.breaker.labels(name).set(BREAKER_CODES.get(event.new_state, 0.0))
+            log.warning("upstream %s: breaker %s -> %s", name, event.old_state, event.new_state)
+
+    def match(self, path: str, method: str, host: str | None) -> CompiledRoute | None:
+        """The route serving a request, or None."""
+        for route in self.routes:
+            if route.matches(path, method, host):
+                return route
+        return None
+
+    async def refresh_gauges(self) -> None:
+        """Publish breaker states and in-flight counts (the breaker may change lazily)."""
+        m = self.metrics
+        for name, pool in self.upstreams.items():
+            m.breaker.labels(name).set(BREAKER_CODES.get(await pool.breaker_state(), 0.0))
+            m.in_flight.labels(name).set(pool.in_flight)
+        if self.routes and self.routes[0].rules is not None:
+            m.store_down.set(1.0 if self.routes[0].rules.store_down else 0.0)
+
+    async def close_retired(self) -> None:
+        """Close the connection pools of upstreams a reload dropped or replaced."""
+        for pool in self.retired:
+            await pool.close()
+        self.retired = []
+
+    async def aclose(self) -> None:
+        """Close every connection pool and the store's connections."""
+        for pool in self.upstreams.values():
+            await pool.close()
+        closer = getattr(self.store, "aclose", None)
+        if closer is not None:
+            await closer()

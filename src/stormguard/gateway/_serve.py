@@ -1,0 +1,334 @@
+# Running the gateway: uvicorn servers on one event loop, signals, reload, workers.
+#
+# One process (--workers 1): the proxy server and the admin server share a loop;
+# /status and /metrics read the process's own registry.
+# N processes: the supervisor binds `listen.http` once, forks N workers that serve
+# that socket (the kernel spreads connections), and serves the admin listener
+# itself from prometheus-client's multiprocess files; it forwards SIGHUP/SIGTERM
+# to the workers and restarts a worker that dies. Shared state (limits, breakers,
+# budgets) is in the store, which `gateway check` insists is Redis for N > 1.
+#
+# Reload (SIGHUP, or the file's mtime changing): validate the whole file, then swap
+# the runtime in one assignment; an invalid file keeps the running configuration
+# and logs every error line. Shutdown (SIGTERM/SIGINT): stop accepting, close
+# WebSockets with 1001, let requests in flight finish for `drain` seconds.
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ._config import GatewayConfig, GatewayConfigError, load_config, split_hostport
+
+__all__ = ["run"]
+
+log = logging.getLogger("stormguard.gateway")
+
+
+def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, up in config.upstreams.items():
+        h = up.bulkhead
+        out[name] = {
+            "targets": up.all_targets,
+            "bulkhead_limit": h.limit if h else None,
+            "bulkhead_per_client": h.per_client if h else None,
+        }
+    return out
+
+
+def _protocol(header_timeout: float) -> type:
+    # uvicorn's HTTP protocol with a deadline for the request head: a slowloris
+    # client trickling header bytes is cut after `header_timeout` seconds. (uvicorn
+    # only times out idle keep-alive connections.)
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(header_timeout, self._head_expired)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_expired(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+def _server(
+    app: Any, config: GatewayConfig, *, admin: bool, sock: socket.socket | None = None
+) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        sockets: list[socket.socket] | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # signals are ours (see _signals)
+            yield
+
+    listen = config.listen.admin if admin else config.listen.http
+    assert listen is not None
+    host, port = split_hostport(listen)
+    max_ws = max((r.websocket.max_message for r in config.routes if r.websocket), default=1 << 20)
+    uv = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on" if not admin else "off",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        log_level="warning",
+        http=_protocol(config.header_timeout) if not admin else "h11",
+        ws="websockets-sansio" if not admin else "none",
+        date_header=admin,
+        ws_max_size=max_ws + 1024,
+        timeout_graceful_shutdown=max(int(config.drain), 1),
+        timeout_keep_alive=5,
+    )
+    server = Server(uv)
+    server.sockets = [sock] if sock is not None else None
+    return server
+
+
+class _Watcher:
+    """Reloads the configuration on SIGHUP and when the file changes."""
+
+    def __init__(self, path: Path, gateway: Any, admin: Any | None) -> None:
+        self.path = path
+        self.gateway = gateway
+        self.admin = admin
+        self.mtime = self._mtime()
+
+    def _mtime(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def reload(self) -> bool:
+        """Validate and swap; on error keep the running config and log why."""
+        self.mtime = self._mtime()
+        try:
+            config = load_config(self.path)
+        except GatewayConfigError as exc:
+            log.error(
+                "reload of %s refused; keeping the running configuration:\n%s", self.path, exc
+            )
+            return False
+        self.gateway.swap(config)
+        if self.admin is not None:
+            self.admin.status.upstreams = _facts(config)
+        log.warning("reloaded %s", self.path)
+        return True
+
+    async def poll(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self._mtime() != self.mtime:
+                self.reload()
+
+
+async def _serve(
+    path: Path, config: GatewayConfig, *, workers: int, sock: socket.socket | None, with_admin: bool
+) -> None:
+    from ._app import AdminApp, Gateway
+    from ._metrics import StatusBuilder
+
+    gateway = Gateway(config, workers=workers)
+    proxy = _server(gateway, config, admin=False, sock=sock)
+    servers = [proxy]
+    admin_app = None
+    if with_admin and config.listen.admin:
+        admin_app = AdminApp(StatusBuilder(gateway.metrics, _facts(config)), lambda: gateway.ready)
+        servers.append(_server(admin_app, config, admin=True))
+    watcher = _Watcher(path, gateway, admin_app)
+    loop = asyncio.get_running_loop()
+    grpc_leg = None
+    grpc_stops: list[asyncio.Future[None]] = []
+    if config.listen.grpc:  # the gRPC leg (grpcio needed only then)
+        from ._grpc_server import start_gateway_grpc
+
+        grpc_leg = await start_gateway_grpc(gateway)
+
+    def stop() -> None:
+        gateway.ready = False
+        gateway.hub.shutdown()  # WebSockets close with 1001 before the server drains
+        for server in servers:
+            server.should_exit = True
+        if grpc_leg is not None:
+            grpc_stops.append(asyncio.ensure_future(grpc_leg.server.stop(config.drain)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    loop.add_signal_handler(signal.SIGHUP, watcher.reload)
+    poller = asyncio.ensure_future(watcher.poll())
+    try:
+        await asyncio.gather(*(s.serve(sockets=s.sockets) for s in servers))
+    finally:
+        poller.cancel()
+        if grpc_leg is not None:
+            await grpc_leg.stop(config.drain)
+
+
+def _print_ready(config: GatewayConfig, workers: int) -> None:
+    print(
+        f"stormguard gateway: http://{config.listen.http} (admin: {config.listen.admin}), "
+        f"{workers} worker{'s' if workers != 1 else ''}",
+        flush=True,
+    )
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        return asyncio.new_event_loop()
+
+
+def run(path: str | Path, *, workers: int = 1) -> None:
+    """Serve the gateway described by the file at ``path`` until SIGTERM/SIGINT."""
+    path = Path(path)
+    config = load_config(path)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if workers <= 1:
+        _print_ready(config, 1)
+        with asyncio.Runner(loop_factory=_new_loop) as runner:
+            runner.run(_serve(path, config, workers=1, sock=None, with_admin=True))
+        return
+    _supervise(path, config, workers)
+
+
+def _bind(listen: str) -> socket.socket:
+    host, port = split_hostport(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _worker(path: Path, config: GatewayConfig, workers: int, sock: socket.socket) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor sends SIGTERM
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        runner.run(_serve(path, config, workers=workers, sock=sock, with_admin=False))
+
+
+def _supervise(path: Path, config: GatewayConfig, workers: int) -> None:
+    # PROMETHEUS_MULTIPROC_DIR is set by the CLI before prometheus_client is imported.
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    assert directory, "the CLI sets PROMETHEUS_MULTIPROC_DIR for --workers > 1"
+    import multiprocessing
+
+    from prometheus_client import multiprocess
+
+    context = multiprocessing.get_context("fork")
+    sock = _bind(config.listen.http)
+    procs: list[Any] = []
+
+    def spawn() -> Any:
+        proc = context.Process(target=_worker, args=(path, config, workers, sock), daemon=False)
+        proc.start()
+        return proc
+
+    procs = [spawn() for _ in range(workers)]
+    _print_ready(config, workers)
+
+    async def supervise() -> None:
+        from ._app import AdminApp
+        from ._metrics import StatusBuilder
+
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        status = StatusBuilder(None, _facts(config))
+        admin = _server(AdminApp(status, lambda: not stopping.is_set()), config, admin=True)
+
+        def forward(sig: int) -> None:
+            if sig != signal.SIGHUP:
+                stopping.set()
+                admin.should_exit = True
+            else:
+                try:
+                    status.upstreams = _facts(load_config(path))
+                except GatewayConfigError:
+                    pass  # the workers log why
+            for proc in procs:
+                if proc.is_alive() and proc.pid is not None:
+                    os.kill(proc.pid, sig)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, forward, sig)
+
+        async def keep_alive() -> None:
+            while not stopping.is_set():
+                await asyncio.sleep(0.5)
+                for i, proc in enumerate(procs):
+                    if not proc.is_alive() and not stopping.is_set():
+                        multiprocess.mark_process_dead(proc.pid)  # type: ignore[no-untyped-call]
+                        log.error("worker %s exited (%s); restarting", proc.pid, proc.exitcode)
+                        procs[i] = spawn()
+
+        watchdog = asyncio.ensure_future(keep_alive())
+        if config.listen.admin:
+            await admin.serve()
+        else:
+            await stopping.wait()
+        watchdog.cancel()
+
+    try:
+        with asyncio.Runner(loop_factory=_new_loop) as runner:
+            runner.run(supervise())
+    finally:
+        for proc in procs:
+            proc.join(timeout=config.drain + 5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            multiprocess.mark_process_dead(proc.pid)  # type: ignore[no-untyped-call]
+        sock.close()
+
+
+def multiprocess_env(workers: int) -> tempfile.TemporaryDirectory[str] | None:
+    """Set PROMETHEUS_MULTIPROC_DIR for ``workers > 1`` (call before importing metrics)."""
+    if workers <= 1:
+        return None
+    directory = tempfile.TemporaryDirectory(prefix="stormguard-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory.name
+    return directory

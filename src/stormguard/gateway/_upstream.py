@@ -1,0 +1,206 @@
+# One upstream as the gateway sees it: its targets (round-robin with passive
+# ejection), its own aiohttp connection pool (pinned: one upstream cannot take every
+# connection), and the protection objects from stormguard.protection around it --
+# a CircuitBreaker (shared through the store when the store is Redis), the server
+# side's Admission (a Bulkhead with a per-client share), and a RetryBudget for the
+# retries of safe failures.
+#
+# Nothing here speaks ASGI; the proxy leg (_proxy.py) asks for admission, picks a
+# target, and reports what happened.
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..protection import CircuitBreaker, RetryBudget
+from ..protection._permit import BreakerEvent, Permit
+from ..server._admission import Admission
+from ..server._refusal import Refusal
+from ._config import Upstream as UpstreamSettings
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["Held", "Target", "UpstreamPool"]
+
+
+class Target:
+    """One upstream address with its passive-ejection bookkeeping."""
+
+    __slots__ = ("base", "ejected_until", "failures", "url")
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.base = self.url
+        self.failures = 0
+        self.ejected_until = 0.0
+
+
+@dataclass(slots=True)
+class Held:
+    """What one admitted request holds: the breaker permit and its bulkhead slots."""
+
+    permit: Permit | None
+    client: str | None
+    admitted: bool
+
+
+class UpstreamPool:
+    """An upstream's targets, connection pool and protection (built from its settings)."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: UpstreamSettings,
+        *,
+        store: Any = None,
+        on_breaker_event: Callable[[BreakerEvent], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.targets = [Target(url) for url in settings.all_targets]
+        self._next = 0
+        self.in_flight = 0
+        b = settings.breaker
+        self.breaker: CircuitBreaker | None = None
+        if b is not None:
+            self.breaker = CircuitBreaker(
+                failure_rate=b.failure_rate,
+                min_calls=b.min_calls,
+                window=b.window,
+                open_for=b.open_for,
+                open_for_max=b.open_for_max,
+                half_open_probes=b.half_open_probes,
+                store=store,
+                name=f"gateway:{name}" if store is not None else name,
+                listeners=(on_breaker_event,) if on_breaker_event else (),
+                probe_lease=max(settings.timeout.connect + settings.timeout.read, 1.0),
+            )
+        h = settings.bulkhead
+        # The server side's Admission: the pool's bulkhead plus a per-client share.
+        self.bulkhead = (
+            Admission(
+                h.limit,
+                per_client=h.per_client,
+                max_wait=h.max_wait,
+                retry_after=max(1.0, h.max_wait),
+                name=name,
+            )
+            if h
+            else None
+        )
+        r = settings.retries
+        self.attempts = r.attempts if r is not None else 1
+        self.budget: RetryBudget | None = None
+        if r is not None and r.attempts > 1:
+            # Per process on purpose: a ratio of retries to requests holds for the
+            # fleet when it holds in each process, and a shared budget would cost a
+            # store round trip on every request (only the small reserve scales with
+            # the number of processes).
+            self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- admission -----------------------------------------------------------------
+
+    async def admit(self, client: str) -> Held | Refusal:
+        """Ask the breaker, then the bulkhead (client share, then pool) for a slot.
+
+        Raises :class:`CircuitOpen`; returns the bulkhead's Refusal (503) when full.
+        Holds nothing when it does not admit.
+        """
+        permit = await self.breaker.aacquire() if self.breaker is not None else None
+        if self.bulkhead is not None:
+            try:
+                refusal = await self.bulkhead.aenter(client)
+            except BaseException:
+                if permit is not None:
+                    await permit.arelease()
+                raise
+            if refusal is not None:
+                if permit is not None:
+                    await permit.arelease()
+                return refusal
+        self.in_flight += 1
+        return Held(permit, client, True)
+
+    def done(self, held: Held) -> None:
+        """The request no longer holds the upstream."""
+        if held.admitted:
+            held.admitted = False
+            self.in_flight -= 1
+            if self.bulkhead is not None:
+                self.bulkhead.leave(held.client)
+
+    # -- targets -------------------------------------------------------------------
+
+    def pick(self, avoid: Target | None = None) -> Target:
+        """The next target in round-robin order, skipping ejected ones while any is up."""
+        targets = self.targets
+        n = len(targets)
+        if n == 1:
+            return targets[0]
+        now = time.monotonic()
+        for _ in range(n):
+            target = targets[self._next % n]
+            self._next += 1
+            if target.ejected_until <= now and target is not avoid:
+                return target
+        target = targets[self._next % n]  # all ejected: spread anyway
+        self._next += 1
+        return target
+
+    def report(self, target: Target, failed: bool) -> None:
+        """Count a target's consecutive failures; eject it for a while at the threshold."""
+        if not failed:
+            target.failures = 0
+            return
+        target.failures += 1
+        if target.failures >= self.settings.eject.failures and len(self.targets) > 1:
+            target.ejected_until = time.monotonic() + self.settings.eject.duration
+            target.failures = 0
+
+    # -- the connection pool -----------------------------------------------------------
+
+    def session(self) -> aiohttp.ClientSession:
+        """This upstream's own aiohttp session (created on first use, on the running loop)."""
+        session = self._session
+        if session is None or session.closed:
+            import aiohttp
+
+            t = self.settings.timeout
+            limit = self.settings.bulkhead.limit if self.settings.bulkhead else 100
+            connector = aiohttp.TCPConnector(
+                limit=limit, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True
+            )
+            session = self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(
+                    total=t.total, connect=t.connect, sock_connect=t.connect, sock_read=t.read
+                ),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return session
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    # -- reporting -----------------------------------------------------------------
+
+    async def breaker_state(self) -> str:
+        """``closed``, ``open`` or ``half_open`` (``closed`` without a breaker)."""
+        if self.breaker is None:
+            return "closed"
+        return str(await self.breaker.astate())
+
+    async def open_remaining(self) -> float:
+        """Seconds until the breaker half-opens (0 when it is not open)."""
+        if self.breaker is None:
+            return 0.0
+        return float(await self.breaker.aopen_remaining())

@@ -1,0 +1,213 @@
+"""Gateway fixtures: upstream and gateway processes on free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent.parent / "src"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _wait(probe: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not probe():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what} did not start (exit {proc.poll()})")
+        time.sleep(0.02)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Upstream:
+    """A test upstream process (tests/gateway/upstream.py)."""
+
+    port: int
+    name: str
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start (or restart) on the same port."""
+        cmd = [sys.executable, str(HERE / "upstream.py"), str(self.port), self.name]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait(lambda: listening(self.port), self.proc, f"upstream {self.name}")
+
+    def stop(self) -> None:
+        """Kill the upstream (abruptly, as a crash would)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def seen(self) -> dict[str, int]:
+        """Requests the upstream has seen, and those in flight."""
+        with urllib.request.urlopen(f"{self.url}/count", timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+@dataclass
+class Gateway:
+    """A `stormguard gateway` process and its config file."""
+
+    path: Path
+    config: dict[str, Any]
+    http_port: int
+    admin_port: int
+    workers: int = 1
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(default_factory=Path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.http_port}"
+
+    def write(self, config: dict[str, Any] | str) -> None:
+        """Rewrite the config file (a dict as YAML, or raw text)."""
+        text = config if isinstance(config, str) else yaml.safe_dump(config)
+        self.path.write_text(text)
+
+    def start(self) -> None:
+        """Start the gateway and wait for /healthz."""
+        cmd = [sys.executable, "-c", "from stormguard.cli import main; main()", "gateway"]
+        cmd += ["--config", str(self.path), "--workers", str(self.workers)]
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+        _wait(lambda: self.admin_ok() and listening(self.http_port), self.proc, "gateway")
+
+    def admin_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/healthz", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def status(self) -> dict[str, Any]:
+        """The /status document."""
+        url = f"http://127.0.0.1:{self.admin_port}/status"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def admin(self, path: str) -> tuple[int, bytes]:
+        """GET an admin path: (status, body)."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.admin_port}{path}", timeout=5
+            ) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the gateway process."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def output(self) -> str:
+        """Everything the gateway wrote to stdout/stderr so far."""
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        if self.proc is not None:
+            _stop(self.proc)
+
+
+def base_config(
+    upstreams: dict[str, Any], routes: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    """A config dict with listen ports filled in later by the fixture."""
+    return {"upstreams": upstreams, "routes": routes, **extra}
+
+
+@pytest.fixture
+def upstream_factory() -> Iterator[Callable[[str], Upstream]]:
+    """Start upstream processes; all are stopped after the test."""
+    started: list[Upstream] = []
+
+    def make(name: str = "upstream") -> Upstream:
+        up = Upstream(free_port(), name)
+        up.start()
+        started.append(up)
+        return up
+
+    yield make
+    for up in started:
+        up.stop()
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    """Start gateway processes from config dicts; all are stopped after the test."""
+    started: list[Gateway] = []
+
+    def make(config: dict[str, Any], *, workers: int = 1, start: bool = True) -> Gateway:
+        n = len(started)
+        http_port, admin_port = free_port(), free_port()
+        config = dict(config)
+        config.setdefault(
+            "listen", {"http": f"127.0.0.1:{http_port}", "admin": f"127.0.0.1:{admin_port}"}
+        )
+        config.setdefault("access_log", True)
+        gw = Gateway(
+            tmp_path / f"gateway{n}.yaml",
+            config,
+            http_port,
+            admin_port,
+            workers,
+            log=tmp_path / f"gateway{n}.log",
+        )
+        gw.write(config)
+        started.append(gw)
+        if start:
+            gw.start()
+        return gw
+
+    yield make
+    for gw in started:
+        gw.stop()
