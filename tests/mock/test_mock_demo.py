@@ -111,6 +111,8 @@ def test_demo_can_refuse_github_style() -> None:
     """`--limit-style github`: past the limit the demo API answers GitHub's primary 403."""
     scenario = demo_scenario(3, rate_limit=1, limit_style="github")
     scenario["routes"][0]["sequence"] = [{"status": 201}]
+    # A long window: on a loaded machine two requests may be a second apart.
+    scenario["routes"][0]["rate_limit"]["window"] = 3600
     with MockServer(scenario) as mock, httpx.Client(base_url=mock.url) as client:
         codes = [client.post(PATH, json={"n": n}) for n in range(2)]
     assert [r.status_code for r in codes] == [201, 403]
