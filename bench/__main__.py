@@ -16,6 +16,7 @@ BENCHMARKS = {
     "limiters": "bench.bench_limiters",
     "sim": "bench.bench_sim",
     "gateway": "bench.bench_gateway",
+    "fuzz_headers": "bench.fuzz_headers",
 }
 
 

@@ -146,7 +146,7 @@ def test_retry_after_is_obeyed_in_real_time(server: ScriptedServer, send: Sender
     assert result.status == 200
     first, second = server.received
     assert second.at - first.at >= 1.0
-    assert result.records[0].hint_used and result.records[0].wait == 1.0
+    assert result.records[0].hint_used and 1.0 <= result.records[0].wait <= 1.1
 
 
 def test_400_is_final(server: ScriptedServer, send: Sender) -> None:
@@ -359,4 +359,5 @@ def test_wait_hint_from_a_429_body(server: ScriptedServer, send: Sender) -> None
     clock = FakeClock()
     result = send(server.url, policy=FAST, clock=clock)
     assert result.status == 200
-    assert clock.sleeps == [0.75] and result.records[0].hint_used
+    assert len(clock.sleeps) == 1 and 0.75 <= clock.sleeps[0] <= 0.825
+    assert result.records[0].hint_used

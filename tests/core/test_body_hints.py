@@ -86,3 +86,29 @@ def test_never_raises_on_json(document: object) -> None:
     """Arbitrary JSON documents never raise and never give a negative or infinite wait."""
     hint = wait_hint_from_body(json.dumps(document))
     assert hint is None or 0 <= hint < float("inf")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"retry_after": 1' + "0" * 400 + "}",
+        '{"retry_after_ms": 1' + "0" * 400 + "}",
+        '{"error": {"retry_after": 1' + "0" * 400 + "}}",
+        '{"retry_after": -1' + "0" * 400 + "}",
+        '{"retry_after": 1' + "0" * 5000 + "}",
+        '{"retry_after": 1e400}',
+        '{"retry_after": NaN}',
+        '{"retry_after": Infinity}',
+        '{"retry_after": "nan"}',
+        '{"retry_after": "inf"}',
+        '{"retry_after": "\uff15"}',
+        '{"retry_after": "1e3"}',
+    ],
+    ids=["int-10e400", "ms-10e400", "nested-10e400", "negative-huge", "past-digit-limit",
+         "float-1e400", "NaN", "Infinity", "nan-string", "inf-string", "fullwidth-5",
+         "exponent-string"],
+)  # fmt: skip
+def test_429_body_with_huge_retry_after_does_not_raise(body: str) -> None:
+    """A 429 body {"retry_after": 10**400} (OverflowError before) and NaN/inf give no hint."""
+    assert wait_hint_from_body(body, "application/json") is None
+    assert wait_hint_from_body(body.encode(), None) is None

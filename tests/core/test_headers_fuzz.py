@@ -1,10 +1,12 @@
-"""Fuzz: 100,000+ random and mutated header values through all three parsers, no exceptions."""
+"""Fuzz: 100,000+ mutated header values, and a hostile sample through all four parsers."""
 
 from __future__ import annotations
 
 import random
 import time
 from collections.abc import Callable, Iterator
+
+from bench.fuzz_headers import NAMES  # every header family the parsers read
 
 from stormguard.core._headers import parse_rate_limits, parse_retry_after, wait_hint
 
@@ -38,28 +40,6 @@ VALID_VALUES = [
     '"peruser";q=65535;qu="content-bytes";w=10;pk=:sdfjLJUOUH==:',
     "core",
     "abcd1234",
-]
-NAMES = [
-    "retry-after",
-    "ratelimit",
-    "ratelimit-policy",
-    "ratelimit-limit",
-    "ratelimit-remaining",
-    "ratelimit-reset",
-    "x-ratelimit-limit",
-    "x-ratelimit-remaining",
-    "x-ratelimit-reset",
-    "x-ratelimit-reset-after",
-    "x-ratelimit-used",
-    "x-ratelimit-resource",
-    "x-ratelimit-bucket",
-    "x-rate-limit-reset",
-    "x-ratelimit-limit-minute",
-    "x-ratelimit-remaining-videos-hour",
-    "x-ratelimit-reset-tokens",
-    "anthropic-ratelimit-input-tokens-reset",
-    "stripe-ratelimit-remaining",
-    "X-RATELIMIT-POLICY",
 ]
 CONTEXT = [
     ("x-ratelimit-limit", "60"),
@@ -173,3 +153,17 @@ def test_mutations_reach_every_kind() -> None:
     assert any(len(value) >= 10_000 for value in values)
     assert any(isinstance(value, bytes) for value in values)
     assert any(isinstance(value, str) and not value.isascii() for value in values)
+
+
+HOSTILE_SAMPLE = 20_000
+
+
+def test_hostile_sample_escapes_nothing() -> None:
+    """20,000 hostile values (huge ints, NaN, Unicode digits, 1 MB, nested JSON) raise nothing."""
+    from bench.fuzz_headers import run
+
+    report = run(HOSTILE_SAMPLE, seed=7)
+    assert report.escapes == 0, report.examples
+    assert report.values == HOSTILE_SAMPLE
+    assert set(report.kinds) >= {"json-body", "nested-json", "one-megabyte", "unicode"}
+    assert report.returned["wait_hint_from_body"] > 0  # the sample also parses real hints

@@ -626,9 +626,12 @@ def test_quota_is_frozen_with_slots() -> None:
 @pytest.mark.parametrize("field", ["limit", "remaining", "reset_after", "window"])
 @pytest.mark.parametrize("bad", [-1.0, float("nan")])
 def test_quota_rejects_negative_and_nan(field: str, bad: float) -> None:
-    """A Quota with a negative or NaN number is refused at construction."""
-    with pytest.raises(ValueError, match=field):
+    """A Quota with a negative or NaN number raises ConfigError (a ValueError) naming the field."""
+    from stormguard import ConfigError
+
+    with pytest.raises(ConfigError, match=field) as info:
         Quota(**{field: bad})
+    assert info.value.field == field
 
 
 # ------------------------------------------------------------- properties
@@ -696,3 +699,13 @@ def test_any_now_never_raises(headers: list[tuple[str, str]], now: float) -> Non
     """Valid values read against any now, even NaN or infinite, give valid quotas."""
     for quota in parse_rate_limits(headers, now=now):
         assert quota.reset_after is None or quota.reset_after >= 0
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["default;l=100;w=10", '"default";l=100;w=10', "default;q=100;w=10"],
+    ids=["l-token", "l-string", "q-token"],
+)
+def test_ietf_policy_l_spelling_gives_the_limit(policy: str) -> None:
+    """RateLimit-Policy: default;l=100;w=10 (IETF 117 proposal) gives limit 100, as q= does."""
+    check({"RateLimit-Policy": policy}, (Quota("default", 100.0, None, None, 10.0),))

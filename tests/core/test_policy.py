@@ -19,7 +19,8 @@ def test_defaults_are_safe() -> None:
     assert policy.attempts == 4
     assert isinstance(policy.backoff, FullJitter)
     assert (policy.backoff.base, policy.backoff.cap) == (0.5, 30.0)
-    assert policy.deadline == 60.0 and policy.max_wait == 60.0
+    assert policy.deadline == 120.0 and policy.max_wait == 60.0
+    assert policy.retry_if is None and policy.reraise is False
     assert policy.retry_statuses == frozenset({408, 425, 429, 502, 503, 504})
 
 
@@ -39,6 +40,9 @@ def test_defaults_are_safe() -> None:
         ({"backoff": 3}, "backoff", "delay"),
         ({"budget": object()}, "budget", "try_retry"),
         ({"breaker": object()}, "breaker", "acquire"),
+        ({"retry_if": 3}, "retry_if", "callable"),
+        ({"reraise": "yes"}, "reraise", "True or False"),
+        ({"deadline": float("inf")}, "deadline", "finite"),
     ],
 )
 def test_invalid_policy_fails_naming_the_field(
@@ -112,9 +116,10 @@ def test_waits_follow_the_backoff_draws() -> None:
 
 
 def test_server_hint_wins_over_backoff() -> None:
-    """A hint replaces the backoff draw and is marked as used."""
+    """A hint replaces the backoff draw (plus at most 10 % jitter) and is marked as used."""
     actions = run(RetryPolicy(backoff=Constant(9, 9)), [RetryFailure(True, "429", hint=2.5)])
-    assert actions == [Retry(2.5, hint_used=True)]
+    assert len(actions) == 1 and isinstance(actions[0], Retry) and actions[0].hint_used
+    assert 2.5 <= actions[0].wait <= 2.75
 
 
 def test_hint_longer_than_max_wait_is_not_slept() -> None:

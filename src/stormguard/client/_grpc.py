@@ -17,6 +17,7 @@
 # Streaming calls are not intercepted: a stream cannot be replayed safely.
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -123,9 +124,11 @@ class _Base:
         return call, metadata, has_key or self._idempotent(method)
 
     @staticmethod
-    def _timeout(details: Any, call: RetryCall) -> float:
+    def _timeout(details: Any, call: RetryCall) -> float | None:
         """The attempt's timeout: the caller's, cut to the time left before the deadline."""
         remaining = max(0.001, call.remaining())
+        if remaining == math.inf:  # deadline=None
+            return details.timeout  # type: ignore[no-any-return]
         return remaining if details.timeout is None else min(details.timeout, remaining)
 
     def _judge(self, code: grpc.StatusCode, trailers: Any, safe: bool) -> RetryFailure | None:

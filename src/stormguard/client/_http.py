@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..core._body_hints import MAX_BODY, wait_hint_from_body
-from ..core._headers import wait_hint
+from ..core._headers import response_signals
 from ..core._outcome import (
+    NOT_PROCESSED_STATUSES,
     Failure,
     Verdict,
     classify_error,
     classify_status,
+    is_idempotent,
 )
 from ..core._policy import RetryFailure, RetryPolicy
 
@@ -80,23 +83,42 @@ def response_failure(
     wall_now: float,
     body: bytes | None = None,
     content_type: str | None = None,
+    subject: Any = None,
 ) -> RetryFailure | None:
     """``None`` when the response ends the call as it is (success or a final status).
 
-    The wait hint comes from the headers; failing that, from ``body`` when given
-    (Discord-style ``{"retry_after": 1.5}``, "try again in 20s").
+    Callers pass every response (no pre-filtering by ``retry_statuses``): a
+    GitHub-style rate-limit 403 reads as 429, and a status outside the table is
+    still worth a failure when the server says ``x-should-retry: true`` or the
+    policy has a ``retry_if`` predicate (called later with ``subject``, the
+    response). The wait hint comes from the headers; failing that, from ``body``
+    when given (Discord-style ``{"retry_after": 1.5}``, "try again in 20s").
     """
-    verdict = classify_status(
-        status, method, has_idempotency_key=has_key, retry_statuses=policy.retry_statuses
-    )
-    if verdict is Verdict.SUCCESS:
+    if status < 400:
         return None
-    if status not in policy.retry_statuses:
+    effective, verdict_of_server, hint = response_signals(status, headers, now=wall_now)
+    if (
+        effective not in policy.retry_statuses
+        and verdict_of_server is not True
+        and policy.retry_if is None
+    ):
         return None  # a final answer such as 400 or 404 is returned as it is
-    hint = wait_hint(status, headers, now=wall_now)
+    verdict = classify_status(
+        effective, method, has_idempotency_key=has_key, retry_statuses=policy.retry_statuses
+    )
     if hint is None and body:
         hint = wait_hint_from_body(body, content_type)
-    return RetryFailure(verdict is Verdict.RETRY, f"status {status}", hint)
+    refused = effective in NOT_PROCESSED_STATUSES  # the server did not process it
+    unsafe = not refused and not is_idempotent(method, has_idempotency_key=has_key)
+    reason = f"status {status}" if effective == status else f"status {status} (rate limited)"
+    return RetryFailure(
+        verdict is Verdict.RETRY,
+        reason,
+        hint,
+        should_retry=verdict_of_server,
+        repeat_unsafe=unsafe,
+        subject=subject,
+    )
 
 
 def error_failure(
@@ -105,4 +127,7 @@ def error_failure(
     """A transport error as a RetryFailure."""
     verdict = classify_error(failure, method, has_idempotency_key=has_key)
     reason = f"{type(exc).__name__} ({failure.value})"
-    return RetryFailure(verdict is Verdict.RETRY, reason)
+    unsafe = failure is not Failure.NOT_SENT and not is_idempotent(
+        method, has_idempotency_key=has_key
+    )
+    return RetryFailure(verdict is Verdict.RETRY, reason, repeat_unsafe=unsafe, subject=exc)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -146,7 +147,7 @@ class _Attempt:
         """No attempt may outlive the call's deadline."""
         remaining = max(0.001, self.call.remaining())
         timeouts = request.extensions.get("timeout")
-        if isinstance(timeouts, dict):
+        if isinstance(timeouts, dict) and remaining != math.inf:  # inf: deadline=None
             request.extensions["timeout"] = {
                 name: remaining if value is None else min(value, remaining)
                 for name, value in timeouts.items()
@@ -157,8 +158,8 @@ class _Attempt:
         return body_worth_reading(response.status_code, response.headers.get("content-length"))
 
     def on_response(self, response: httpx.Response) -> RetryFailure | None:
-        if response.status_code not in self.call.policy.retry_statuses:
-            return None  # success or a final status: returned as it is
+        if response.status_code < 400:
+            return None  # success: returned as it is (response_failure judges the rest)
         failure = response_failure(
             self.call.policy,
             response.status_code,
@@ -168,6 +169,7 @@ class _Attempt:
             wall_now=self.call.clock.time(),
             body=_body_if_read(response),
             content_type=response.headers.get("content-type"),
+            subject=response,
         )
         if failure is not None and not self.replayable:
             return RetryFailure(False, failure.reason + " (one-shot body)", failure.hint)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -176,8 +177,8 @@ def _judge(
     policy: RetryPolicy, response: requests.Response, method: str, has_key: bool, clock: Clock
 ) -> RetryFailure | None:
     status = response.status_code
-    if status not in policy.retry_statuses:
-        return None  # success or a final status: returned as it is
+    if status < 400:
+        return None  # success: returned as it is (response_failure judges the rest)
     small = body_worth_reading(status, response.headers.get("content-length"))
     return response_failure(
         policy,
@@ -188,6 +189,7 @@ def _judge(
         wall_now=clock.time(),
         body=response.content if small else None,
         content_type=response.headers.get("content-type"),
+        subject=response,
     )
 
 
@@ -210,7 +212,9 @@ def _observe(
 
 def _cap_timeout(
     timeout: float | tuple[float | None, float | None] | None, remaining: float
-) -> float | tuple[float, float]:
+) -> float | tuple[float, float] | None:
+    if remaining == math.inf:  # deadline=None: the caller's timeout as it is
+        return timeout  # type: ignore[return-value]  # requests' own shapes, passed through
     remaining = max(0.001, remaining)
     if timeout is None:
         return remaining

@@ -5,7 +5,11 @@
 #                     {"error": {"retry_after": 5}}  (one level of nesting)
 #   OpenAI and others "... Please try again in 20s." / "in 1.5s" / "in 6m0s" / "in 120ms"
 # Bodies over MAX_BODY bytes are ignored: a hint is a few bytes, and a caller must
-# never buffer a huge body to look for one. Nothing here raises on any input.
+# never buffer a huge body to look for one. Nothing here raises on any input:
+# numbers are JSON numbers within float range or ASCII decimal strings; an integer
+# past float range (`{"retry_after": 1000...000}`), NaN, infinity, a negative or a
+# non-ASCII digit string gives no hint rather than an OverflowError or a wait that
+# max_wait cannot compare.
 from __future__ import annotations
 
 import json
@@ -31,16 +35,23 @@ _PHRASE = re.compile(
 )
 
 
+_DECIMAL = re.compile(r"[0-9]{1,20}(?:\.[0-9]{1,9})?")
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str) and len(value) <= 32:
-        try:
-            number = float(value.strip())
-        except ValueError:
+    if isinstance(value, int):
+        if value < 0 or value.bit_length() > 1000:  # past float range: no usable hint
             return None
+        number = float(value)
+    elif isinstance(value, float):
+        number = value
+    elif isinstance(value, str) and len(value) <= 32:
+        text = value.strip()
+        if not _DECIMAL.fullmatch(text):  # ASCII only: float() would take "\uff15", "nan"
+            return None
+        number = float(text)
     else:
         return None
     return number if math.isfinite(number) and number >= 0 else None

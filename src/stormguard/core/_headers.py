@@ -8,10 +8,40 @@ pure: ``now`` (Unix seconds) is passed in, nothing reads a clock.
 
 from __future__ import annotations
 
-from ._ratelimit_headers import HeadersLike, Quota, _build, _collect, parse_rate_limits
-from ._retry_after import parse_retry_after
+from typing import NamedTuple
 
-__all__ = ["HeadersLike", "Quota", "parse_rate_limits", "parse_retry_after", "wait_hint"]
+from ._ratelimit_headers import HeadersLike, Quota, _build, _collect, parse_rate_limits
+from ._retry_after import parse_delay_ms, parse_retry_after
+
+__all__ = [
+    "HeadersLike",
+    "Quota",
+    "ResponseSignals",
+    "parse_rate_limits",
+    "parse_retry_after",
+    "response_signals",
+    "server_should_retry",
+    "table_status",
+    "wait_hint",
+]
+
+# Servers that say themselves whether a failed request may be repeated:
+#   x-should-retry: true|false        OpenAI and Anthropic (their SDKs obey it first)
+#   Stripe-Should-Retry: true|false   Stripe
+# "false" means never retry this response; "true" means the server vouches that
+# repeating it is safe, even for a POST without an idempotency key.
+_SHOULD_RETRY = ("x-should-retry", "stripe-should-retry")
+_WS = " \t\r\n"
+
+
+def _retry_after_ms(values: list[str]) -> float | None:
+    for value in values:
+        seconds = parse_delay_ms(value)
+        if seconds is None and "," in value:  # repeated fields merged by a mapping
+            seconds = parse_delay_ms(value.split(",", 1)[0])
+        if seconds is not None:
+            return seconds
+    return None
 
 
 def _retry_after_seconds(values: list[str], now: float) -> float | None:
@@ -26,30 +56,97 @@ def _retry_after_seconds(values: list[str], now: float) -> float | None:
     return None
 
 
+def _verdict(fields: dict[str, list[str]]) -> bool | None:
+    for name in _SHOULD_RETRY:
+        for value in fields.get(name, ()):
+            verdict = value.strip(_WS).lower()
+            if verdict == "true":
+                return True
+            if verdict == "false":
+                return False
+    return None
+
+
+def server_should_retry(headers: HeadersLike) -> bool | None:
+    """The server's own verdict on repeating this request, else ``None``.
+
+    Reads ``x-should-retry`` (OpenAI, Anthropic) and ``Stripe-Should-Retry``
+    (Stripe), names and values case-insensitively: ``true`` -> ``True``, ``false``
+    -> ``False``; absent or any other value -> ``None``. Should both say opposite
+    things, ``x-should-retry`` counts. Never raises on malformed headers.
+    """
+    return _verdict(_collect(headers)[1])
+
+
+class ResponseSignals(NamedTuple):
+    """What a failed response's headers say, read in one pass.
+
+    ``status``: the status the decision table reads (a rate-limit 403 reads as
+    429). ``should_retry``: the server's verdict (:func:`server_should_retry`).
+    ``hint``: seconds to wait from ``now`` (:func:`wait_hint`).
+    """
+
+    status: int
+    should_retry: bool | None
+    hint: float | None
+
+
+def response_signals(status: int, headers: HeadersLike, *, now: float) -> ResponseSignals:
+    """The table status, the server's should-retry verdict and the wait hint, in one pass.
+
+    A rate-limit refusal sent as 403 reads as 429: GitHub answers a primary rate
+    limit with 403 or 429 plus ``x-ratelimit-remaining: 0`` (and a reset), and a
+    secondary limit with 403 or 429 plus ``Retry-After``. Such a 403 means "not
+    processed, come back later" exactly like a 429, so it is retried after the
+    hint, even for a POST. A 403 without those headers ("Bad credentials",
+    "Resource not accessible") stays a 403 and is never retried. Every other status
+    is kept as it is. Never raises on malformed headers.
+    """
+    retry_after, fields = _collect(headers)
+    millis = fields.get("retry-after-ms")
+    hint = _retry_after_ms(millis) if millis else None
+    if hint is None:
+        hint = _retry_after_seconds(retry_after, now)
+    exhausted = False
+    if hint is None or status == 403:
+        quotas = _build(fields, now) if fields else ()
+        resets = []
+        for quota in quotas:
+            if quota.remaining == 0:
+                exhausted = True
+                if quota.reset_after is not None:
+                    resets.append(quota.reset_after)
+        if hint is None and resets:
+            hint = max(resets)
+    if status == 403 and (exhausted or hint is not None):
+        status = 429
+    return ResponseSignals(status, _verdict(fields), hint)
+
+
+def table_status(status: int, headers: HeadersLike, *, now: float) -> int:
+    """The status the decision table reads: a GitHub-style rate-limit 403 reads as 429.
+
+    See :func:`response_signals`; every status but such a 403 is returned as it is.
+    """
+    return response_signals(status, headers, now=now).status
+
+
 def wait_hint(status: int, headers: HeadersLike, *, now: float) -> float | None:
     """The server's own answer to "how long should I wait", in seconds from ``now``.
 
-    1. ``Retry-After``, when one parses (the first that does, if repeated);
-    2. else the reset of an exhausted quota (``remaining == 0``); with several
+    1. ``retry-after-ms`` (OpenAI, Anthropic: milliseconds, more precise), when
+       one parses;
+    2. else ``Retry-After``, when one parses (the first that does, if repeated);
+    3. else the reset of an exhausted quota (``remaining == 0``); with several
        exhausted quotas the longest reset, since every one of them must recover
        before a request can pass;
-    3. else ``None``: the caller's backoff decides.
+    4. else ``None``: the caller's backoff decides.
 
-    ``status`` does not change the answer today: a server that sends these
-    headers means them on any status, and the caller only asks after deciding
-    the response is worth retrying. It is part of the signature so status-aware
-    rules can be added without breaking callers. Huge hints are returned as they
-    are; ``max_wait`` in the retry policy decides whether to honour them. Never
-    raises on malformed header values.
+    ``status`` does not change the answer: a server that sends these headers means
+    them on any status, and the caller only asks after deciding the response is
+    worth retrying. Huge hints are returned as they are; ``max_wait`` in the retry
+    policy decides whether to honour them. A hint of ``0`` means "no wait asked"
+    (the policy then uses its jittered backoff). Never raises on malformed header
+    values.
     """
-    del status  # see docstring
-    retry_after, fields = _collect(headers)
-    seconds = _retry_after_seconds(retry_after, now)
-    if seconds is not None:
-        return seconds
-    resets = [
-        quota.reset_after
-        for quota in (_build(fields, now) if fields else ())
-        if quota.remaining == 0 and quota.reset_after is not None
-    ]
-    return max(resets) if resets else None
+    return response_signals(status, headers, now=now).hint

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, TypeAlias
 
+from .._errors import ConfigError
 from ._ratelimit_values import (
     _WS,
     _ambiguous_reset,
@@ -55,6 +56,7 @@ __all__ = ["HeadersLike", "Quota", "parse_rate_limits"]
 # scanner in _ratelimit_values, covering every draft shape:
 #   RateLimit: limit=10, remaining=5, reset=3      + RateLimit-Policy: 10;w=60
 #   RateLimit: "default";r=50;t=30                 + RateLimit-Policy: "default";q=100;w=60
+#   RateLimit-Policy: default;l=100;w=10           (`l=` for the quota, IETF 117 proposal)
 # Extra list items in a limit field ("X-RateLimit-Limit: 10, 10;w=1, 1000;w=3600",
 # Envoy and IETF draft 00-02) are policies: the one whose quota equals the limit
 # lends its window (and name) to the quota; the others become Quotas of their own
@@ -80,6 +82,7 @@ HeadersLike: TypeAlias = (
 )
 
 _MAX_FIELD = 2048
+_MAX_NAME = 128  # no rate-limit field name is longer; a longer one is not looked at
 _MAX_REPEATS = 32
 
 _WINDOWS = {
@@ -132,7 +135,7 @@ class Quota:
         for field_name in ("limit", "remaining", "reset_after", "window"):
             value = getattr(self, field_name)
             if value is not None and not value >= 0:
-                raise ValueError(f"Quota.{field_name} must be >= 0, got {value!r}")
+                raise ConfigError(field_name, f"must be >= 0, got {value!r}")
 
 
 @dataclass(slots=True)
@@ -161,8 +164,14 @@ def _text(raw: object) -> str | None:
     return None
 
 
+# Other hint fields collected in the same pass, kept in `fields` under their own
+# names (which _classify does not take for rate-limit fields): retry-after-ms
+# (OpenAI, Anthropic) and the servers' should-retry verdicts.
+HINT_FIELDS = frozenset({"retry-after-ms", "x-should-retry", "stripe-should-retry"})
+
+
 def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
-    """Retry-After values and rate-limit fields by lower-case name, in order."""
+    """Retry-After values, and rate-limit and HINT_FIELDS by lower-case name, in order."""
     retry_after: list[str] = []
     fields: dict[str, list[str]] = {}
     items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
@@ -173,7 +182,7 @@ def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
             continue  # not a pair
         name = raw_name if isinstance(raw_name, str) else _text(raw_name)
         value = raw_value if isinstance(raw_value, str) else _text(raw_value)
-        if name is None or value is None or len(value) > _MAX_FIELD:
+        if name is None or value is None or len(value) > _MAX_FIELD or len(name) > _MAX_NAME:
             continue
         lname = name.lower()
         if lname[-1:] in _WS or lname[:1] in _WS:
@@ -181,7 +190,7 @@ def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:
         if lname == "retry-after":
             if len(retry_after) < _MAX_REPEATS:
                 retry_after.append(value)
-        elif "rate" in lname:
+        elif "rate" in lname or lname in HINT_FIELDS:
             values = fields.get(lname)
             if values is None:
                 fields[lname] = [value]
@@ -302,8 +311,8 @@ def _read_ietf_policy(
         if key is not None or name is None:
             continue
         entry = named.setdefault(name, [None, None, None, None])
-        if entry[0] is None:
-            entry[0] = _non_negative(params.get("q"))
+        if entry[0] is None:  # q= (draft 08+); l= (the IETF 117 proposal, early servers)
+            entry[0] = _non_negative(params.get("q", params.get("l")))
         if entry[3] is None:
             entry[3] = _positive(params.get("w"))
 

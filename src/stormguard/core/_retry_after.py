@@ -10,6 +10,7 @@ import math
 import re
 
 __all__ = [
+    "parse_delay_ms",
     "parse_go_duration",
     "parse_http_date",
     "parse_retry_after",
@@ -217,6 +218,21 @@ def parse_go_duration(value: str) -> float | None:
         total += float(match[1]) * _GO_UNITS[match[2]]
         position = match.end()
     return total
+
+
+def parse_delay_ms(value: str | bytes) -> float | None:
+    """Seconds in a ``retry-after-ms`` value (non-negative milliseconds, OpenAI and
+    Anthropic), else None. ``"1500"`` and ``"1500.5"`` parse; dates, signs, exponents
+    and non-ASCII digits do not. Never raises.
+    """
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("latin-1")
+    if not isinstance(value, str) or len(value) > _MAX_INPUT:
+        return None
+    value = value.strip(_WS)
+    if not value or len(value) > _MAX_VALUE or not _DELAY_SECONDS.fullmatch(value):
+        return None
+    return float(value) / 1000.0
 
 
 def parse_retry_after(value: str | bytes, *, now: float) -> float | None:
