@@ -1,0 +1,519 @@
+# `stormguard demo gateway`: one upstream, two kinds of clients, one outage -- run
+# twice, once with the clients calling the upstream directly and once through a
+# `stormguard gateway` in front of it -- and a table of what the upstream saw.
+#
+#   upstream   aiohttp on 127.0.0.1 (in this process); answers 200 after a few ms;
+#              during the outage it answers 500 at once, as a crashed backend does
+#   clients    a naive loop (retry at once on any error, forever) and stormguard's
+#              client (RetryTransport: backoff with jitter, Retry-After, breaker,
+#              budget), each with its own API key, running side by side
+#   gateway    a `stormguard gateway` process: per-client and global limits, a
+#              breaker and a bulkhead on the upstream; its dashboard is live while
+#              the second run goes on
+#
+# Every figure about the upstream is counted by the upstream itself (arrival time,
+# client, answer), never by the clients; refusals with Retry-After are what the
+# clients received from the gateway. Time to recover: from the upstream's return
+# until it served, in one half-second, at least half its healthy success rate.
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._errors import MissingExtra
+
+try:
+    import click
+    import httpx
+    import yaml
+    from aiohttp import web
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - needs the extra missing
+    raise MissingExtra(exc.name or "aiohttp", "gateway") from exc
+
+import stormguard
+from stormguard.httpx import RetryTransport
+
+from ..mock._demo import _peak_rate
+
+__all__ = ["GatewayDemoResult", "Phases", "gateway_demo_command", "run_gateway_demo"]
+
+NAIVE_KEY, GUARDED_KEY = "naive-loop-key", "stormguard-client-key"
+_THINK = 0.05  # seconds a client waits between two successful calls
+_BUCKET = 0.5  # seconds per bucket when judging recovery
+
+
+@dataclass(frozen=True, slots=True)
+class Phases:
+    """How long each part of a run lasts, in seconds."""
+
+    warmup: float = 3.0
+    outage: float = 5.0
+    after: float = 6.0
+
+    @property
+    def total(self) -> float:
+        """The length of one run."""
+        return self.warmup + self.outage + self.after
+
+
+@dataclass(slots=True)
+class GatewayDemoResult:
+    """What the upstream saw of one run (and what the clients were told)."""
+
+    label: str
+    arrivals: list[tuple[float, str, bool]]  # (seconds into the run, client kind, answered 2xx)
+    outage: tuple[float, float]
+    refusals_with_retry_after: int = 0
+    client_successes: int = 0
+    breaker: list[tuple[float, str]] = field(default_factory=list)  # (seconds, state)
+
+    def count(self, kind: str | None = None) -> int:
+        """Requests that reached the upstream (from one kind of client, or all)."""
+        return sum(1 for _, k, _ in self.arrivals if kind is None or k == kind)
+
+    def during_outage(self) -> int:
+        """Requests that reached the upstream while it was failing."""
+        start, end = self.outage
+        return sum(1 for t, _, _ in self.arrivals if start <= t < end)
+
+    def peak_rate(self) -> int:
+        """Most arrivals within any one second."""
+        return _peak_rate([t for t, _, _ in self.arrivals])
+
+    def time_to_recover(self) -> float | None:
+        """Seconds from the upstream's return to half its healthy success rate (None: never)."""
+        start, end = self.outage
+        healthy = sum(1 for t, _, ok in self.arrivals if ok and t < start)
+        per_bucket = healthy / max(start / _BUCKET, 1.0)
+        last = max((t for t, _, _ in self.arrivals), default=end)
+        b = end
+        while b < last:
+            served = sum(1 for t, _, ok in self.arrivals if ok and b <= t < b + _BUCKET)
+            if served >= per_bucket / 2:
+                return b - end
+            b += _BUCKET
+        return None
+
+
+# --- the upstream ---------------------------------------------------------------
+
+
+class DemoUpstream:
+    """An aiohttp upstream on 127.0.0.1 that records every arrival."""
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.t0 = time.monotonic()
+        self.arrivals: list[tuple[float, str, bool]] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        key = request.headers.get("X-API-Key", "")
+        kind = "naive" if key == NAIVE_KEY else "stormguard"
+        failing = self.failing
+        self.arrivals.append((time.monotonic() - self.t0, kind, not failing))
+        if failing:
+            return web.Response(status=500, text="upstream is down")
+        await asyncio.sleep(0.003)
+        return web.json_response({"ok": True})
+
+    async def start(self) -> None:
+        """Listen on a free loopback port."""
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = int(sock.getsockname()[1])
+        await web.SockSite(self._runner, sock).start()
+
+    def reset(self) -> None:
+        """Start a new run: healthy, no arrivals, time zero now."""
+        self.failing = False
+        self.arrivals = []
+        self.t0 = time.monotonic()
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+# --- the clients ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Tally:
+    successes: int = 0
+    retry_after: int = 0
+
+    def saw(self, response: httpx.Response) -> None:
+        if response.status_code < 300:
+            self.successes += 1
+        elif response.status_code in (429, 503) and "retry-after" in response.headers:
+            self.retry_after += 1
+
+
+async def _naive(client: httpx.AsyncClient, url: str, tally: _Tally, stop: asyncio.Event) -> None:
+    # The anti-pattern: on any error, ask again at once; no backoff, no limit.
+    while not stop.is_set():
+        try:
+            response = await client.get(url)
+        except httpx.TransportError:
+            continue
+        tally.saw(response)
+        if response.status_code < 300:
+            await asyncio.sleep(_THINK)
+
+
+async def _guarded(client: httpx.AsyncClient, url: str, tally: _Tally, stop: asyncio.Event) -> None:
+    # All the retrying (backoff, Retry-After, breaker, budget) is inside RetryTransport.
+    while not stop.is_set():
+        try:
+            tally.saw(await client.get(url))
+        except (httpx.HTTPError, stormguard.StormguardError):  # CircuitOpen, RateLimited
+            pass
+        await asyncio.sleep(_THINK)
+
+
+def _clients(naive: int, guarded: int) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    # One pooled client per kind, built before the clock starts (TLS contexts are
+    # costly to create); the stormguard one gets a fresh set of guards per run.
+    from ..protection import OriginGuards
+
+    transport = RetryTransport(
+        httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=guarded)),
+        policy=stormguard.RetryPolicy(attempts=4),
+        guards=OriginGuards(),
+    )
+    return (
+        httpx.AsyncClient(
+            headers={"X-API-Key": NAIVE_KEY},
+            timeout=5.0,
+            limits=httpx.Limits(max_connections=naive),
+        ),
+        httpx.AsyncClient(transport=transport, headers={"X-API-Key": GUARDED_KEY}, timeout=5.0),
+    )
+
+
+# --- the gateway ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gateway_config(upstream_port: int, http_port: int, admin_port: int) -> dict[str, Any]:
+    """The demo's gateway configuration (also an example of the format)."""
+    return {
+        "listen": {"http": f"127.0.0.1:{http_port}", "admin": f"127.0.0.1:{admin_port}"},
+        "access_log": False,
+        "clients": {"key": ["header:X-API-Key", "ip"]},
+        "upstreams": {
+            "api": {
+                "url": f"http://127.0.0.1:{upstream_port}",
+                "timeout": {"connect": 0.5, "read": 2.0},
+                "breaker": {
+                    "failure_rate": 0.5,
+                    "min_calls": 10,
+                    "window": 2,
+                    "open_for": 1.5,
+                    "open_for_max": 3,
+                    "half_open_probes": 1,
+                },
+                "bulkhead": {"limit": 64, "per_client": 48, "max_wait": 0.1},
+            }
+        },
+        "limits": {
+            "per-client": {"algorithm": "token_bucket", "rate": 250, "burst": 250, "per": "client"},
+            "global": {"algorithm": "sliding_window", "limit": 1000, "window": 1, "per": "global"},
+        },
+        "routes": [{"path": "/api", "upstream": "api", "limits": ["per-client", "global"]}],
+    }
+
+
+class GatewayProcess:
+    """A `stormguard gateway` child process on free loopback ports."""
+
+    def __init__(self, upstream_port: int, directory: Path) -> None:
+        self.http_port, self.admin_port = _free_port(), _free_port()
+        self.config = gateway_config(upstream_port, self.http_port, self.admin_port)
+        self.path = directory / "gateway.yaml"
+        self.path.write_text(yaml.safe_dump(self.config))
+        self.log = directory / "gateway.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The proxy listener."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def admin(self) -> str:
+        """The admin listener (dashboard, /status)."""
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "stormguard.cli", "gateway", "--config", str(self.path)]
+        with self.log.open("wb") as log:
+            return subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ))
+
+    async def start(self) -> None:
+        """Start and wait until /readyz answers 200."""
+        self.proc = self._spawn()
+        deadline = time.monotonic() + 30
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    if (await client.get(self.admin + "/readyz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.05)
+        self.stop()
+        raise click.ClickException(f"the gateway did not start:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _watch_breaker(admin: str, result: GatewayDemoResult, t0: float) -> None:
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while True:
+            try:
+                status = (await client.get(admin + "/status")).json()
+                state = status["upstreams"]["api"]["breaker"]
+                result.breaker.append((time.monotonic() - t0, state))
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            await asyncio.sleep(0.2)
+
+
+# --- one run ------------------------------------------------------------------------
+
+
+async def _run(
+    label: str,
+    url: str,
+    upstream: DemoUpstream,
+    phases: Phases,
+    tick: Callable[[str], None],
+    *,
+    naive: int,
+    guarded: int,
+    admin: str | None = None,
+    alongside: Callable[[], Any] | None = None,
+) -> GatewayDemoResult:
+    naive_client, guarded_client = _clients(naive, guarded)
+    upstream.reset()
+    result = GatewayDemoResult(label, [], (phases.warmup, phases.warmup + phases.outage))
+    tally = _Tally()
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(_naive(naive_client, url, tally, stop)) for _ in range(naive)]
+    tasks += [
+        asyncio.ensure_future(_guarded(guarded_client, url, tally, stop)) for _ in range(guarded)
+    ]
+    if admin is not None:
+        tasks.append(asyncio.ensure_future(_watch_breaker(admin, result, upstream.t0)))
+    extra = asyncio.ensure_future(alongside()) if alongside is not None else None
+    try:
+        while (now := time.monotonic() - upstream.t0) < phases.total:
+            failing = phases.warmup <= now < phases.warmup + phases.outage
+            upstream.failing = failing
+            tick("upstream failing" if failing else "upstream healthy")
+            await asyncio.sleep(0.1)
+    finally:
+        upstream.failing = False
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if extra is not None:
+            await asyncio.gather(extra, return_exceptions=True)
+        await naive_client.aclose()
+        await guarded_client.aclose()
+    result.arrivals = list(upstream.arrivals)
+    result.refusals_with_retry_after = tally.retry_after
+    result.client_successes = tally.successes
+    return result
+
+
+async def run_gateway_demo_async(
+    *,
+    phases: Phases | None = None,
+    naive: int = 8,
+    guarded: int = 8,
+    console: Console | None = None,
+    hold: float = 0.0,
+    screenshot: Path | None = None,
+) -> list[GatewayDemoResult]:
+    """Both runs (direct, then through the gateway); returns what the upstream saw."""
+    console = console or Console()
+    phases = phases or Phases()
+    upstream = DemoUpstream()
+    await upstream.start()
+    results: list[GatewayDemoResult] = []
+    with tempfile.TemporaryDirectory(prefix="stormguard-demo-") as directory:
+        gateway = GatewayProcess(upstream.port, Path(directory))
+        try:
+            await gateway.start()
+            console.print(f"Dashboard (live during the second run): [bold]{gateway.admin}/[/]")
+            runs = [
+                ("without gateway", f"http://127.0.0.1:{upstream.port}/api/item", None),
+                ("with gateway", f"{gateway.url}/api/item", gateway.admin),
+            ]
+            with Progress(
+                TextColumn("{task.description:<16}"),
+                BarColumn(),
+                TextColumn("{task.fields[state]:<17} upstream saw {task.fields[seen]:>6,}"),
+                TimeRemainingColumn(),
+                console=console,
+            ) as progress:
+                for label, url, admin in runs:
+                    task = progress.add_task(label, total=phases.total, state="", seen=0)
+
+                    def tick(state: str, task: Any = task) -> None:
+                        elapsed = min(time.monotonic() - upstream.t0, phases.total)
+                        seen = len(upstream.arrivals)
+                        progress.update(task, completed=elapsed, state=state, seen=seen)
+
+                    shot = None
+                    if admin is not None and screenshot is not None:
+                        shot = _screenshot_later(admin, screenshot, phases, upstream)
+                    result = await _run(
+                        label,
+                        url,
+                        upstream,
+                        phases,
+                        tick,
+                        naive=naive,
+                        guarded=guarded,
+                        admin=admin,
+                        alongside=shot,
+                    )
+                    progress.update(task, completed=phases.total)
+                    results.append(result)
+            if hold > 0:
+                console.print(f"Serving the dashboard at {gateway.admin}/ for {hold:g} s …")
+                await asyncio.sleep(hold)
+        finally:
+            gateway.stop()
+            await upstream.stop()
+    return results
+
+
+def _screenshot_later(
+    admin: str, path: Path, phases: Phases, upstream: DemoUpstream
+) -> Callable[[], Any]:
+    # Started with the gateway run: the page opens while the upstream is healthy
+    # (its breaker history starts green) and is saved well into the outage.
+    async def take() -> None:
+        from ._dashboard_shot import screenshot
+
+        into_outage = phases.warmup + min(phases.outage * 0.7, 3.5)
+        await screenshot(f"{admin}/dashboard", path, at=lambda: upstream.t0 + into_outage)
+
+    return take
+
+
+# --- the report ---------------------------------------------------------------------
+
+
+def render(results: list[GatewayDemoResult], console: Console) -> None:
+    """The side-by-side table of what the upstream saw."""
+    table = Table(title="Same clients, same outage — as the upstream saw it")
+    table.add_column("")
+    for r in results:
+        table.add_column(r.label, justify="right")
+
+    def row(name: str, cells: list[str]) -> None:
+        table.add_row(name, *cells)
+
+    def seconds(r: GatewayDemoResult) -> str:
+        t = r.time_to_recover()
+        return "not within the run" if t is None else f"{t:.1f} s"
+
+    row("requests that reached it", [f"{r.count():,}" for r in results])
+    row("  from the naive loop", [f"{r.count('naive'):,}" for r in results])
+    row("  from stormguard clients", [f"{r.count('stormguard'):,}" for r in results])
+    row("  while it was down", [f"{r.during_outage():,}" for r in results])
+    row("peak request rate", [f"{r.peak_rate():,}/s" for r in results])
+    row("time to recover", [seconds(r) for r in results])
+    row("refusals with Retry-After", [f"{r.refusals_with_retry_after:,}" for r in results])
+    row("successful answers to clients", [f"{r.client_successes:,}" for r in results])
+    console.print(table)
+
+
+def run_gateway_demo(**kwargs: Any) -> list[GatewayDemoResult]:
+    """:func:`run_gateway_demo_async` on a new event loop."""
+    return asyncio.run(run_gateway_demo_async(**kwargs))
+
+
+@click.command(name="gateway")
+@click.option("--outage", default=5.0, show_default=True, help="Seconds the upstream fails.")
+@click.option(
+    "--hold", default=0.0, show_default=True, help="Keep serving the dashboard this long."
+)
+@click.option(
+    "--png",
+    "png",
+    default="stormguard-gateway-demo.png",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the timeline.",
+)
+@click.option(
+    "--screenshot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Save a screenshot of the dashboard during the outage (needs playwright + chromium).",
+)
+def gateway_demo_command(outage: float, hold: float, png: str, screenshot: str | None) -> None:
+    """The gateway in front of a failing upstream: naive loop vs stormguard client (~35 s)."""
+    logging.getLogger("stormguard").addHandler(logging.NullHandler())  # the table says it
+    console = Console()
+    console.print(
+        "[bold]stormguard demo gateway[/]: a naive retry loop and stormguard's client call one "
+        f"upstream, which fails for {outage:g} s and recovers — first directly, then through "
+        "`stormguard gateway` (limits, breaker, bulkhead). All on 127.0.0.1.\n"
+    )
+    phases = Phases(outage=outage)
+    results = run_gateway_demo(
+        phases=phases,
+        console=console,
+        hold=hold,
+        screenshot=Path(screenshot) if screenshot else None,
+    )
+    console.print()
+    render(results, console)
+    from ._demo_plot import timeline
+
+    written = timeline(results, Path(png))
+    console.print(f"Timeline: [bold]{written}[/]")
+    if screenshot:
+        console.print(f"Dashboard screenshot: [bold]{screenshot}[/]")
