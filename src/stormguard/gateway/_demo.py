@@ -482,7 +482,7 @@ def run_gateway_demo(**kwargs: Any) -> list[GatewayDemoResult]:
 @click.option(
     "--png",
     "png",
-    default="stormguard-gateway-demo.png",
+    default="out/gateway-demo-timeline.png",
     show_default=True,
     type=click.Path(dir_okay=False),
     help="Where to write the timeline.",
@@ -515,5 +515,7 @@ def gateway_demo_command(outage: float, hold: float, png: str, screenshot: str |
 
     written = timeline(results, Path(png))
     console.print(f"Timeline: [bold]{written}[/]")
-    if screenshot:
+    if screenshot and Path(screenshot).exists():
         console.print(f"Dashboard screenshot: [bold]{screenshot}[/]")
+    elif screenshot:
+        console.print("No screenshot: it needs playwright (the 'test' extra) and chromium.")
