@@ -95,7 +95,7 @@ def test_every_dashboard_path_is_known() -> None:
 
 
 def test_status_names_each_upstreams_routes_and_their_protocol() -> None:
-    """An upstream's facts list its routes as http, websocket or grpc (for the per-upstream panels)."""
+    """An upstream's facts list its routes as http, websocket or grpc (per-upstream panels)."""
     facts = _facts(parse_config(CONFIG))
     assert facts["orders"]["routes"] == {"/v1/orders": "http", "/ws": "websocket"}
     assert facts["greeter"]["routes"] == {"helloworld.Greeter": "grpc"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -115,7 +114,12 @@ def test_dashboard_shows_breaker_open_refusals_and_recovery(
                 }
             },
             "limits": {
-                "per-client": {"algorithm": "token_bucket", "rate": 20, "burst": 20, "per": "client"}
+                "per-client": {
+                    "algorithm": "token_bucket",
+                    "rate": 20,
+                    "burst": 20,
+                    "per": "client",
+                }
             },
             "routes": [{"path": "/api", "upstream": "orders", "limits": ["per-client"]}],
         }

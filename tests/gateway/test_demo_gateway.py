@@ -56,7 +56,7 @@ def test_demo_group_keeps_the_client_demo_and_adds_gateway() -> None:
 
 @pytest.mark.slow
 def test_short_demo_run_protects_the_upstream(tmp_path: Path) -> None:
-    """Through the gateway fewer requests reach the failing upstream, and refusals carry Retry-After."""
+    """Through the gateway fewer requests reach the failing upstream; refusals carry Retry-After."""
     direct, guarded = run_gateway_demo(phases=Phases(warmup=1.5, outage=2.5, after=2.0))
     assert (direct.label, guarded.label) == ("without gateway", "with gateway")
     assert guarded.during_outage() < direct.during_outage()

@@ -18,11 +18,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,23 +32,17 @@ from .._errors import MissingExtra
 try:
     import click
     import httpx
-    import yaml
-    from aiohttp import web
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
+
+    from ..mock._demo import _peak_rate
+    from ._demo_parts import DemoUpstream, GatewayProcess, _clients, _guarded, _naive, _Tally
 except ImportError as exc:  # pragma: no cover - needs the extra missing
     raise MissingExtra(exc.name or "aiohttp", "gateway") from exc
 
-import stormguard
-from stormguard.httpx import RetryTransport
-
-from ..mock._demo import _peak_rate
-
 __all__ = ["GatewayDemoResult", "Phases", "gateway_demo_command", "run_gateway_demo"]
 
-NAIVE_KEY, GUARDED_KEY = "naive-loop-key", "stormguard-client-key"
-_THINK = 0.05  # seconds a client waits between two successful calls
 _BUCKET = 0.5  # seconds per bucket when judging recovery
 
 
@@ -106,200 +97,6 @@ class GatewayDemoResult:
                 return b - end
             b += _BUCKET
         return None
-
-
-# --- the upstream ---------------------------------------------------------------
-
-
-class DemoUpstream:
-    """An aiohttp upstream on 127.0.0.1 that records every arrival."""
-
-    def __init__(self) -> None:
-        self.failing = False
-        self.t0 = time.monotonic()
-        self.arrivals: list[tuple[float, str, bool]] = []
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        key = request.headers.get("X-API-Key", "")
-        kind = "naive" if key == NAIVE_KEY else "stormguard"
-        failing = self.failing
-        self.arrivals.append((time.monotonic() - self.t0, kind, not failing))
-        if failing:
-            return web.Response(status=500, text="upstream is down")
-        await asyncio.sleep(0.003)
-        return web.json_response({"ok": True})
-
-    async def start(self) -> None:
-        """Listen on a free loopback port."""
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = int(sock.getsockname()[1])
-        await web.SockSite(self._runner, sock).start()
-
-    def reset(self) -> None:
-        """Start a new run: healthy, no arrivals, time zero now."""
-        self.failing = False
-        self.arrivals = []
-        self.t0 = time.monotonic()
-
-    async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-
-# --- the clients ----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Tally:
-    successes: int = 0
-    retry_after: int = 0
-
-    def saw(self, response: httpx.Response) -> None:
-        if response.status_code < 300:
-            self.successes += 1
-        elif response.status_code in (429, 503) and "retry-after" in response.headers:
-            self.retry_after += 1
-
-
-async def _naive(client: httpx.AsyncClient, url: str, tally: _Tally, stop: asyncio.Event) -> None:
-    # The anti-pattern: on any error, ask again at once; no backoff, no limit.
-    while not stop.is_set():
-        try:
-            response = await client.get(url)
-        except httpx.TransportError:
-            continue
-        tally.saw(response)
-        if response.status_code < 300:
-            await asyncio.sleep(_THINK)
-
-
-async def _guarded(client: httpx.AsyncClient, url: str, tally: _Tally, stop: asyncio.Event) -> None:
-    # All the retrying (backoff, Retry-After, breaker, budget) is inside RetryTransport.
-    while not stop.is_set():
-        try:
-            tally.saw(await client.get(url))
-        except (httpx.HTTPError, stormguard.StormguardError):  # CircuitOpen, RateLimited
-            pass
-        await asyncio.sleep(_THINK)
-
-
-def _clients(naive: int, guarded: int) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    # One pooled client per kind, built before the clock starts (TLS contexts are
-    # costly to create); the stormguard one gets a fresh set of guards per run.
-    from ..protection import OriginGuards
-
-    transport = RetryTransport(
-        httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=guarded)),
-        policy=stormguard.RetryPolicy(attempts=4),
-        guards=OriginGuards(),
-    )
-    return (
-        httpx.AsyncClient(
-            headers={"X-API-Key": NAIVE_KEY},
-            timeout=5.0,
-            limits=httpx.Limits(max_connections=naive),
-        ),
-        httpx.AsyncClient(transport=transport, headers={"X-API-Key": GUARDED_KEY}, timeout=5.0),
-    )
-
-
-# --- the gateway ----------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def gateway_config(upstream_port: int, http_port: int, admin_port: int) -> dict[str, Any]:
-    """The demo's gateway configuration (also an example of the format)."""
-    return {
-        "listen": {"http": f"127.0.0.1:{http_port}", "admin": f"127.0.0.1:{admin_port}"},
-        "access_log": False,
-        "clients": {"key": ["header:X-API-Key", "ip"]},
-        "upstreams": {
-            "api": {
-                "url": f"http://127.0.0.1:{upstream_port}",
-                "timeout": {"connect": 0.5, "read": 2.0},
-                "breaker": {
-                    "failure_rate": 0.5,
-                    "min_calls": 10,
-                    "window": 2,
-                    "open_for": 1.5,
-                    "open_for_max": 3,
-                    "half_open_probes": 1,
-                },
-                "bulkhead": {"limit": 64, "per_client": 48, "max_wait": 0.1},
-            }
-        },
-        "limits": {
-            "per-client": {"algorithm": "token_bucket", "rate": 250, "burst": 250, "per": "client"},
-            "global": {"algorithm": "sliding_window", "limit": 1000, "window": 1, "per": "global"},
-        },
-        "routes": [{"path": "/api", "upstream": "api", "limits": ["per-client", "global"]}],
-    }
-
-
-class GatewayProcess:
-    """A `stormguard gateway` child process on free loopback ports."""
-
-    def __init__(self, upstream_port: int, directory: Path) -> None:
-        self.http_port, self.admin_port = _free_port(), _free_port()
-        self.config = gateway_config(upstream_port, self.http_port, self.admin_port)
-        self.path = directory / "gateway.yaml"
-        self.path.write_text(yaml.safe_dump(self.config))
-        self.log = directory / "gateway.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The proxy listener."""
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def admin(self) -> str:
-        """The admin listener (dashboard, /status)."""
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "stormguard.cli", "gateway", "--config", str(self.path)]
-        with self.log.open("wb") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ))
-
-    async def start(self) -> None:
-        """Start and wait until /readyz answers 200."""
-        self.proc = self._spawn()
-        deadline = time.monotonic() + 30
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    if (await client.get(self.admin + "/readyz")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.05)
-        self.stop()
-        raise click.ClickException(f"the gateway did not start:\n{self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it lingers."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 async def _watch_breaker(admin: str, result: GatewayDemoResult, t0: float) -> None:
@@ -402,20 +199,21 @@ async def run_gateway_demo_async(
                         seen = len(upstream.arrivals)
                         progress.update(task, completed=elapsed, state=state, seen=seen)
 
-                    shot = None
-                    if admin is not None and screenshot is not None:
-                        shot = _screenshot_later(admin, screenshot, phases, upstream)
-                    result = await _run(
-                        label,
-                        url,
-                        upstream,
-                        phases,
-                        tick,
-                        naive=naive,
-                        guarded=guarded,
-                        admin=admin,
-                        alongside=shot,
-                    )
+                    async with contextlib.AsyncExitStack() as stack:
+                        shot = None
+                        if admin is not None and screenshot is not None:
+                            shot = await _camera(stack, admin, screenshot, phases, upstream)
+                        result = await _run(
+                            label,
+                            url,
+                            upstream,
+                            phases,
+                            tick,
+                            naive=naive,
+                            guarded=guarded,
+                            admin=admin,
+                            alongside=shot,
+                        )
                     progress.update(task, completed=phases.total)
                     results.append(result)
             if hold > 0:
@@ -427,16 +225,24 @@ async def run_gateway_demo_async(
     return results
 
 
-def _screenshot_later(
-    admin: str, path: Path, phases: Phases, upstream: DemoUpstream
-) -> Callable[[], Any]:
-    # Started with the gateway run: the page opens while the upstream is healthy
-    # (its breaker history starts green) and is saved well into the outage.
-    async def take() -> None:
-        from ._dashboard_shot import screenshot
+async def _camera(
+    stack: contextlib.AsyncExitStack, admin: str, path: Path, phases: Phases, up: DemoUpstream
+) -> Callable[[], Any] | None:
+    # The browser opens before the gateway run starts (it is slow to start and must
+    # not eat the run's first seconds), so the page's breaker history starts green;
+    # the picture is taken well into the outage.
+    from ._dashboard_shot import Camera
 
+    try:
+        camera = await stack.enter_async_context(Camera(f"{admin}/dashboard"))
+    except Exception as exc:  # no playwright, no chromium: the demo goes on without
+        logging.getLogger("stormguard.demo").debug("no camera", exc_info=exc)
+        return None
+
+    async def take() -> None:
         into_outage = phases.warmup + min(phases.outage * 0.7, 3.5)
-        await screenshot(f"{admin}/dashboard", path, at=lambda: upstream.t0 + into_outage)
+        await asyncio.sleep(max(up.t0 + into_outage - time.monotonic(), 0.0))
+        await camera.shoot(path)
 
     return take
 
