@@ -15,8 +15,9 @@ BENCHMARKS = {
     "breaker": "bench.bench_breaker",
     "limiters": "bench.bench_limiters",
     "sim": "bench.bench_sim",
-    "gateway": "bench.bench_gateway",
     "fuzz_headers": "bench.fuzz_headers",
+    "server": "bench.bench_server",
+    "gateway": "bench.bench_gateway",
 }
 
 

@@ -5,10 +5,20 @@ from __future__ import annotations
 import io
 import threading
 
+import httpx
 from click.testing import CliRunner
 from rich.console import Console
 
-from stormguard.mock._demo import _peak_rate, demo_command, measure, render, run_demo
+from stormguard.mock import MockServer
+from stormguard.mock._demo import (
+    PATH,
+    _peak_rate,
+    demo_command,
+    demo_scenario,
+    measure,
+    render,
+    run_demo,
+)
 
 
 def test_demo_naive_double_charges_and_stormguard_does_not() -> None:
@@ -95,3 +105,31 @@ def test_demo_command_prints_the_table() -> None:
     assert result.exit_code == 0, result.output
     assert "requests received" in result.output
     assert "time to finish" in result.output
+
+
+def test_demo_can_refuse_github_style() -> None:
+    """`--limit-style github`: past the limit the demo API answers GitHub's primary 403."""
+    scenario = demo_scenario(3, rate_limit=1, limit_style="github")
+    scenario["routes"][0]["sequence"] = [{"status": 201}]
+    with MockServer(scenario) as mock, httpx.Client(base_url=mock.url) as client:
+        codes = [client.post(PATH, json={"n": n}) for n in range(2)]
+    assert [r.status_code for r in codes] == [201, 403]
+    assert codes[1].headers["x-ratelimit-remaining"] == "0"
+    assert "retry-after" not in codes[1].headers
+
+
+def test_demo_command_offers_the_limit_styles() -> None:
+    """The demo's help names both refusal styles."""
+    result = CliRunner().invoke(demo_command, ["--help"])
+    assert "--limit-style [github|stripe]" in result.output
+
+
+def test_demo_github_style_stormguard_waits_for_the_reset() -> None:
+    """Against GitHub-style 403s, stormguard's client waits for the reset and pays everything."""
+    console = Console(file=io.StringIO(), width=100)
+    _, guarded = run_demo(
+        payments=24, clients=6, seed=3, rate_limit=12, limit_style="github", console=console
+    )
+    assert guarded.succeeded == 24
+    assert guarded.double_charges == 0
+    assert sum(guarded.violations.values()) == 0

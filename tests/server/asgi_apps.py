@@ -112,7 +112,8 @@ def idempotent_app() -> Any:
     from stormguard.stores import AsyncRedisStore
 
     url, prefix = os.environ["SG_REDIS"], os.environ["SG_PREFIX"]
-    app = Counting(url, prefix, delay=float(os.environ.get("SG_DELAY", "0")))
+    counts_in = None if os.environ.get("SG_COUNT") == "memory" else url
+    app = Counting(counts_in, prefix, delay=float(os.environ.get("SG_DELAY", "0")))
     store = AsyncRedisStore(url, prefix=prefix)
     return IdempotencyMiddleware(app, store=store, scope="header:X-API-Key")
 

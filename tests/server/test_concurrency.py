@@ -181,3 +181,27 @@ def test_abrupt_disconnect_frees_the_slot_under_uvicorn(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()  # RST: an abrupt disconnect
         eventually(lambda: http.get("/x").status_code == 200)
+
+
+@pytest.mark.redis
+async def test_store_makes_the_limit_fleet_wide(redis_url: str, key_prefix: str) -> None:
+    """Two instances on one Redis share `limit` and `per_client`; slots come back."""
+    from stormguard.stores import AsyncRedisStore
+
+    store = AsyncRedisStore(redis_url, prefix=key_prefix)
+    app = Gated()
+    one, two = (
+        ConcurrencyMiddleware(app, limit=2, per_client=1, key="header:X-API-Key", store=store)
+        for _ in range(2)
+    )
+    async with client(one) as c1, client(two) as c2:
+        held = await hold(c1, app, "/a", headers={"X-API-Key": "a"})
+        same_client = await c2.get("/fast", headers={"X-API-Key": "a"})
+        held_b = await hold(c2, app, "/b", headers={"X-API-Key": "b"})
+        full = await c1.get("/fast", headers={"X-API-Key": "c"})
+        app.gate.set()
+        assert [(await held).status_code, (await held_b).status_code] == [200, 200]
+        after = await c2.get("/fast", headers={"X-API-Key": "c"})
+    await store.aclose()
+    assert (same_client.status_code, full.status_code, after.status_code) == (503, 503, 200)
+    assert int(full.headers["retry-after"]) >= 1

@@ -224,3 +224,13 @@ async def test_redis_lease_expires(redis_url: str, key_prefix: str, eventually: 
     assert not claims.complete("k", "crashed", b"late", 60)
     assert claims.complete("k", "next", b"fresh", 60)
     store.close()
+
+
+async def test_answer_over_max_response_is_neither_replayed_nor_rerun() -> None:
+    """A too-large answer is not stored: retries get 409 (never a second execution)."""
+    app = Counting()
+    async with client(IdempotencyMiddleware(app, max_response=4)) as c:
+        first = await c.post("/pay", content=b"a long enough body", headers=key("k"))
+        retry = await c.post("/pay", content=b"a long enough body", headers=key("k"))
+    assert (first.status_code, retry.status_code) == (201, 409)
+    assert app.counts == {"/pay::k": 1}

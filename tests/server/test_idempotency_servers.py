@@ -96,3 +96,18 @@ def test_retrying_client_through_processed_then_lost(two_apps: tuple[list[str], 
     assert response.status_code == 201
     assert response.headers["idempotent-replayed"] == "true"
     assert runs("/pay", key=fault.sent[0]) == 1
+
+
+def test_redis_killed_keyed_requests_fail_closed(uvicorn_app: Serve, owned_redis: Any) -> None:
+    """Redis killed: keyed POSTs get 503 + Retry-After and do not run; unkeyed ones run."""
+    env = {"SG_REDIS": owned_redis.url, "SG_PREFIX": "kill:", "SG_COUNT": "memory"}
+    url = uvicorn_app("idempotent_app", **env)
+    with httpx.Client(timeout=10) as http:
+        before = http.post(url + "/pay", headers={"Idempotency-Key": "a"})
+        owned_redis.stop()
+        keyed = [http.post(url + "/pay", headers={"Idempotency-Key": k}) for k in "abc"]
+        unkeyed = http.post(url + "/pay")
+    assert before.status_code == 201
+    assert [r.status_code for r in keyed] == [503, 503, 503]
+    assert all(int(r.headers["retry-after"]) >= 1 for r in keyed)
+    assert unkeyed.json()["runs"] == 1  # only the unkeyed request reached the handler

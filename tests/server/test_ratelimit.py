@@ -94,7 +94,7 @@ async def test_per_key_limit_refuses_with_429_and_problem_body() -> None:
     assert other.status_code == 200
     assert refused.headers["content-type"] == "application/problem+json"
     retry_after = int(refused.headers["retry-after"])
-    assert 1 <= retry_after <= 60
+    assert 1 <= retry_after <= 120  # a sliding window may ask into the next window
     body = json.loads(refused.content)
     assert (body["status"], body["title"], body["retry_after"]) == (
         429,

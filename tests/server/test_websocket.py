@@ -138,3 +138,94 @@ def test_invalid_limits(kwargs: dict[str, Any], field: str) -> None:
     """Invalid WebSocket limits raise ConfigError naming the field."""
     with pytest.raises(ConfigError, match=field):
         WebSocketLimits(**kwargs)
+
+
+class Socket:
+    """An in-process WebSocket peer: scripted inbound messages, recorded outbound ones."""
+
+    def __init__(self, *texts: str) -> None:
+        self.inbound: list[dict[str, Any]] = [{"type": "websocket.connect"}]
+        self.inbound += [{"type": "websocket.receive", "text": t} for t in texts]
+        self.inbound.append({"type": "websocket.disconnect", "code": 1000})
+        self.sent: list[dict[str, Any]] = []
+
+    async def receive(self) -> dict[str, Any]:
+        return self.inbound.pop(0)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+
+async def echo(scope: Any, receive: Any, send: Any) -> None:
+    """Accept, echo every text message, stop at disconnect."""
+    await receive()
+    await send({"type": "websocket.accept"})
+    while (message := await receive())["type"] == "websocket.receive":
+        await send({"type": "websocket.send", "text": message["text"]})
+
+
+def echoed(sock: Socket) -> list[str]:
+    """Texts the app sent back."""
+    return [m["text"] for m in sock.sent if m["type"] == "websocket.send"]
+
+
+def closes(sock: Socket) -> list[tuple[int, str]]:
+    """Close frames the guard sent."""
+    return [(m["code"], m.get("reason", "")) for m in sock.sent if m["type"] == "websocket.close"]
+
+
+SCOPE = {"type": "websocket", "path": "/ws", "headers": [], "extensions": {}}
+
+
+async def test_per_client_message_rate_spans_connections(clock: Any) -> None:
+    """client_messages_per_second counts a client's messages over all its connections."""
+    from stormguard.server._websocket import WebSocketGuard
+
+    limits = WebSocketLimits(client_messages_per_second=1, client_burst=3)
+    guard = WebSocketGuard(limits, clock=clock)
+    first, second = Socket("a", "b"), Socket("c", "d")
+    await guard.run(echo, dict(SCOPE), first.receive, first.send, "k")
+    await guard.run(echo, dict(SCOPE), second.receive, second.send, "k")
+    assert (echoed(first), echoed(second)) == (["a", "b"], ["c"])
+    assert closes(second) == [(1008, "message rate exceeded")]
+    assert guard.connections("k") == 0
+
+
+async def test_per_connection_rate_refills_with_time(clock: Any) -> None:
+    """The per-connection bucket refills at messages_per_second (fake clock)."""
+    from stormguard.server._websocket import WebSocketGuard
+
+    guard = WebSocketGuard(WebSocketLimits(messages_per_second=1, burst=2), clock=clock)
+    sock = Socket("a", "b", "c")
+    real_receive = sock.receive
+
+    async def receive() -> dict[str, Any]:
+        message = await real_receive()
+        if message.get("text") == "c":
+            clock.advance(1.0)  # one token back before the third message
+        return message
+
+    await guard.run(echo, dict(SCOPE), receive, sock.send, "k")
+    assert echoed(sock) == ["a", "b", "c"] and closes(sock) == []
+
+
+async def test_oversized_message_closes_with_1009() -> None:
+    """A message over max_message closes the connection with 1009."""
+    from stormguard.server._websocket import WebSocketGuard
+
+    guard = WebSocketGuard(WebSocketLimits(max_message=4))
+    sock = Socket("tiny", "too large")
+    await guard.run(echo, dict(SCOPE), sock.receive, sock.send, "k")
+    assert echoed(sock) == ["tiny"]
+    assert closes(sock)[0][0] == 1009
+
+
+async def test_refused_handshake_without_the_extension_closes() -> None:
+    """Without websocket.http.response the refusal is a close (servers answer 403)."""
+    from stormguard.server._websocket import WebSocketGuard
+
+    guard = WebSocketGuard(WebSocketLimits(connections_per_client=1))
+    guard._enter("k")  # one connection already open
+    sock = Socket()
+    await guard.run(echo, dict(SCOPE), sock.receive, sock.send, "k")
+    assert closes(sock) == [(1008, "limited:connections")]

@@ -98,6 +98,7 @@ class GatewayMetrics:
             multiprocess_mode="livemax",
         )
         self._outcomes: dict[tuple[str, str], Any] = {}
+        self._latency: dict[str, Any] = {}
 
     def count(self, route: str, outcome: str) -> None:
         """One request of ``route`` ended with ``outcome``."""
@@ -105,6 +106,16 @@ class GatewayMetrics:
         if child is None:
             child = self._outcomes[(route, outcome)] = self.requests.labels(route, outcome)
         child.inc()
+
+    def observe_latency(self, upstream: str, seconds: float) -> None:
+        """Time to an upstream's response headers."""
+        child = self._latency.get(upstream)
+        if child is None:
+            child = self._latency[upstream] = self.latency.labels(upstream)
+        child.observe(seconds)
+
+
+_RATE_WINDOW = 10.0  # seconds of /status history behind requests_per_second
 
 
 def _samples(registry: Any) -> dict[str, list[Any]]:
@@ -141,7 +152,7 @@ class StatusBuilder:
     ) -> None:
         self._metrics = metrics
         self.upstreams = upstreams  # name -> static facts (targets, limits) from the config
-        self._history: deque[tuple[float, float]] = deque(maxlen=64)
+        self._history: deque[tuple[float, float]] = deque()
 
     def registry(self) -> Any:
         """The registry to read: merged multiprocess files, or the process's own."""
@@ -206,8 +217,11 @@ class StatusBuilder:
             row[s.labels["direction"]] = row.get(s.labels["direction"], 0) + int(s.value)
         store_down = any(s.value for s in samples.get("stormguard_gateway_store_unavailable", []))
         now = time.monotonic()
-        self._history.append((now, total))
-        first_t, first_total = self._history[0]
+        history = self._history
+        history.append((now, total))
+        while len(history) > 2 and now - history[1][0] >= _RATE_WINDOW:
+            history.popleft()
+        first_t, first_total = history[0]
         rate = (total - first_total) / (now - first_t) if now - first_t > 0 else 0.0
         return {
             "upstreams": upstreams,

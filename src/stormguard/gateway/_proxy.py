@@ -12,7 +12,9 @@
 #
 # The client's disconnect cancels the upstream exchange: once the request body is
 # read, a watcher waits for `http.disconnect` and cancels the handler, which frees
-# the bulkhead slot and closes the upstream connection on its way out.
+# the bulkhead slot and closes the upstream connection on its way out. The watcher
+# starts WATCH_AFTER into the exchange, so the many short requests never pay for
+# a task of their own.
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +38,9 @@ from ._wire import request_headers, response_headers
 __all__ = ["handle_http"]
 
 access_log = logging.getLogger("stormguard.gateway.access")
+log = logging.getLogger("stormguard.gateway")
 _BUFFER = 64 * 1024  # bodies up to this size are read whole (and may be retried)
+WATCH_AFTER = 0.05  # seconds before a request's disconnect watcher starts
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 
 
@@ -88,6 +92,11 @@ async def handle_http(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
             await _refuse(send, ex, Refusal.of(404, "no route matches", reason="not_found"))
             return
         await _serve(rt, route, scope, receive, send, ex)
+    except Exception:  # a bug must not take the connection down without an answer
+        log.exception("gateway error on %s %s", scope["method"], scope["path"])
+        if ex.status == 0:
+            ex.outcome = "gateway_error"
+            await _refuse(send, ex, Refusal.of(502, "gateway error", reason="gateway_error"))
     finally:
         name = route.name if route is not None else "-"
         rt.metrics.count(name, ex.outcome)
@@ -288,7 +297,12 @@ async def _to_upstream(
         return
     task = asyncio.current_task()
     assert task is not None
-    watcher = asyncio.ensure_future(_watch(receive, body_done, task, ex))
+    # Most requests end within WATCH_AFTER; only longer ones get a watcher task.
+    watcher: list[asyncio.Future[None]] = []
+    timer = asyncio.get_running_loop().call_later(
+        WATCH_AFTER,
+        lambda: watcher.append(asyncio.ensure_future(_watch(receive, body_done, task, ex))),
+    )
     try:
         await _attempts(rt, pool, admission, scope, send, ex, body)
     except asyncio.CancelledError:
@@ -297,9 +311,10 @@ async def _to_upstream(
         ex.outcome, ex.status = "client_gone", 499
         task.uncancel()
     finally:
-        watcher.cancel()
-        pool.done(admission)
-        rt.metrics.in_flight.labels(pool.name).set(pool.in_flight)
+        timer.cancel()
+        if watcher:
+            watcher[0].cancel()
+        pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)
 
 
 async def _watch(
@@ -464,7 +479,7 @@ async def _attempts(
             if permit is not None:
                 await permit.arelease()
             raise
-        rt.metrics.latency.labels(pool.name).observe(time.perf_counter() - sent)
+        rt.metrics.observe_latency(pool.name, time.perf_counter() - sent)
         status = response.status
         failed = status >= 500
         pool.report(target, failed)

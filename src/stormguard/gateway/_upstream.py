@@ -95,9 +95,11 @@ class UpstreamPool:
         self.attempts = r.attempts if r is not None else 1
         self.budget: RetryBudget | None = None
         if r is not None and r.attempts > 1:
-            self.budget = RetryBudget(
-                ratio=r.budget, store=store, name=f"gateway:{name}" if store is not None else None
-            )
+            # Per process on purpose: a ratio of retries to requests holds for the
+            # fleet when it holds in each process, and a shared budget would cost a
+            # store round trip on every request (only the small reserve scales with
+            # the number of processes).
+            self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
         self._session: aiohttp.ClientSession | None = None
 
     # -- admission -----------------------------------------------------------------

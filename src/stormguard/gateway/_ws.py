@@ -26,6 +26,9 @@ from ._wire import request_headers
 
 __all__ = ["WebSocketHub", "handle_websocket"]
 
+# A connection slot is a lease in the store, renewed while the socket lives, so a
+# gateway that dies frees its clients' slots within LEASE seconds.
+LEASE = 90.0
 GOING_AWAY = 1001
 POLICY = 1008
 TOO_BIG = 1009
@@ -39,7 +42,7 @@ class _Limits:
         mode = rt.config.on_store_error
         self.connections = (
             AsyncRateLimiter(
-                Concurrency(settings.connections_per_client, lease=3600.0),
+                Concurrency(settings.connections_per_client, lease=LEASE),
                 store,
                 name=f"ws-conn:{route}",
                 on_store_error=mode,
@@ -84,6 +87,8 @@ class WebSocketHub:
 
     def limits(self, rt: Runtime, route: CompiledRoute) -> _Limits:
         key = (id(rt), route.name)
+        if self._limits and next(iter(self._limits))[0] != id(rt):
+            self._limits = {}  # a reload: open connections keep the limits they hold
         found = self._limits.get(key)
         if found is None:
             assert route.websocket is not None
@@ -138,13 +143,26 @@ async def handle_websocket(
     async def leg(scope: Scope, receive: Receive, send: Send) -> None:
         await _proxy(rt, route, scope, receive, send, hub)
 
+    renewer = (
+        asyncio.ensure_future(_renew(limits.connections, key, lease))
+        if lease is not None and limits.connections is not None
+        else None
+    )
     try:
         await limits.guard.run(leg, scope, receive, send, key)
     finally:
+        if renewer is not None:
+            renewer.cancel()
         hub.open.discard(task)
         gauge.dec()
         if lease is not None and limits.connections is not None:
             await asyncio.shield(limits.connections.release(key, lease))
+
+
+async def _renew(limiter: Any, key: str, lease: str) -> None:
+    while True:
+        await asyncio.sleep(LEASE / 3)
+        await limiter.renew(key, lease)
 
 
 async def _admit(

@@ -2,15 +2,24 @@
 # how the client retried and which rules it broke. It trusts only the journal — the
 # server's record of what arrived and what it answered — never the client.
 #
-# A logical operation is the idempotency key when there is one, else client +
-# method + path + body (see _journal.operation_of). Between two attempts of one
-# operation, the gap is measured from the end of the earlier answer (or the moment
-# the client gave up on a hung connection) to the arrival of the next request.
+# Which requests are attempts of one operation:
+#  * the same idempotency key is one operation, whatever happened in between;
+#  * without a key, the same client + method + path + query + body (the fingerprint,
+#    _journal.operation_of) is one operation until it succeeds: a request after a
+#    success is a new operation (a poll, a second read), not a retry;
+#  * a client may label its attempts (journal field `attempt`, from the
+#    Stormguard-Attempt header, 1 = first; X-Stainless-Retry-Count and AWS's
+#    amz-sdk-request are read too): a keyless request labelled as a first attempt,
+#    or with a number not above the previous one, starts a new operation.
+# Between two attempts of one operation, the gap is measured from the end of the
+# earlier answer (or the moment the client gave up on a hung connection) to the
+# arrival of the next request.
 #
 # Violations (kind: meaning):
 #   early-retry            the next attempt came sooner than the Retry-After it was given
 #   non-retryable-retried  an error status outside the retryable set was retried
-#                          (408, 425, 429, 502, 503, 504: stormguard's decision table)
+#                          (408, 425, 429, 502, 503, 504: stormguard's decision table;
+#                          a 403 refusing for a rate limit, GitHub-style, counts as 429)
 #   unsafe-retry           POST/PATCH without an Idempotency-Key retried after a failure
 #                          that may have been processed (anything but 429: 5xx, reset,
 #                          empty or broken response, timeout)
@@ -35,7 +44,7 @@ from typing import Any
 
 from ._journal import operation_of
 
-__all__ = ["Checker", "Operation", "Report", "Violation", "check_journal"]
+__all__ = ["Checker", "Operation", "Report", "Violation", "check_journal", "validate_journal"]
 
 VIOLATION_KINDS = (
     "body-changed",
@@ -58,6 +67,7 @@ _FAULTS = frozenset(
         "commit-then-reset",
         "commit-then-504",
         "client-gone",
+        "send-failed",
     }
 )
 
@@ -92,6 +102,7 @@ class Operation:
     attempts: tuple[Mapping[str, Any], ...]
     gaps: tuple[float, ...]
     side_effects: int
+    query: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +110,7 @@ class Operation:
             "client": self.client,
             "method": self.method,
             "path": self.path,
+            "query": self.query,
             "idempotency_key": self.idempotency_key,
             "attempts": len(self.attempts),
             "entries": [a.get("id") for a in self.attempts],
@@ -129,6 +141,8 @@ class Report:
 
     def summary(self, *, limit: int = 20) -> str:
         """A human-readable report (at most ``limit`` violation lines)."""
+        if not self.requests:
+            return "empty journal: no requests to check"
         retried = sum(1 for op in self.operations if len(op.attempts) > 1)
         lines = [
             f"{self.requests} requests, {len(self.operations)} operations "
@@ -155,6 +169,16 @@ class Report:
 def _failed(entry: Mapping[str, Any]) -> bool:
     status = entry.get("status")
     return entry.get("outcome") in _FAULTS or status is None or int(status) >= 400
+
+
+def _judged_status(entry: Mapping[str, Any]) -> int | None:
+    # A GitHub-style 403 that refused for a rate limit (the mock's own limiter, or an
+    # answer that asked for a wait) is judged as the 429 it stands for.
+    status = entry.get("status")
+    if status is None:
+        return None
+    refusal = entry.get("outcome") == "rate-limited" or entry.get("retry_after") is not None
+    return 429 if int(status) == 403 and refusal else int(status)
 
 
 def _maybe_processed(entry: Mapping[str, Any]) -> bool:
@@ -197,13 +221,8 @@ class Checker:
 
     def check(self, journal: Iterable[Mapping[str, Any]]) -> Report:
         """Check journal entries (dicts as served by ``GET /__mock/journal``)."""
-        entries = sorted(
-            (e for e in journal if e.get("time") is not None),
-            key=lambda e: (float(e["time"]), int(e.get("id") or 0)),
-        )
-        groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-        for entry in entries:
-            groups[str(entry.get("operation") or operation_of(entry))].append(entry)
+        entries = sorted(validate_journal(journal), key=lambda e: (float(e["time"]), int(e["id"])))
+        groups = _operations(entries)
 
         violations: list[Violation] = []
         operations: list[Operation] = []
@@ -234,6 +253,7 @@ class Checker:
                     client=first.get("client"),
                     method=str(first.get("method")),
                     path=str(first.get("path")),
+                    query=str(first.get("query") or ""),
                     idempotency_key=first.get("idempotency_key"),
                     attempts=tuple(attempts),
                     gaps=tuple(gaps),
@@ -264,14 +284,14 @@ class Checker:
                     ids,
                 )
             )
-        status = prev.get("status")
+        status = _judged_status(prev)
         retryable = self.retryable_statuses
-        if status is not None and int(status) >= 400 and int(status) not in retryable:
+        if status is not None and status >= 400 and status not in retryable:
             found.append(
                 Violation(
                     "non-retryable-retried",
                     op_id,
-                    f"{what}: retried after {status}, which must not be retried",
+                    f"{what}: retried after {prev.get('status')}, which must not be retried",
                     ids,
                 )
             )
@@ -308,20 +328,22 @@ class Checker:
                 entry.get("client"),
                 entry.get("method"),
                 entry.get("path"),
+                entry.get("query") or "",
                 entry.get("body_sha256"),
             )
             by_request[fingerprint].append(entry)
         found = []
         for attempts in by_request.values():
             for prev, cur in itertools.pairwise(attempts):
-                if not _failed(prev) or prev.get("idempotency_key") == cur.get("idempotency_key"):
+                same_key = (prev.get("idempotency_key") or None) == (
+                    cur.get("idempotency_key") or None
+                )
+                if not _failed(prev) or same_key:
                     continue
-                status = prev.get("status")
-                if (
-                    status is not None
-                    and 400 <= int(status) < 500
-                    and int(status) not in (_RETRYABLE_4XX)
-                ):
+                if _starts_anew(prev, cur):
+                    continue  # the client says this is a new operation
+                status = _judged_status(prev)
+                if status is not None and 400 <= status < 500 and status not in _RETRYABLE_4XX:
                     continue  # a rejected request: a new key is a new attempt
                 found.append(
                     Violation(
@@ -356,10 +378,94 @@ class Checker:
         return found
 
 
+def _attempt(entry: Mapping[str, Any]) -> int | None:
+    number = entry.get("attempt")
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
+def _starts_anew(prev: Mapping[str, Any], cur: Mapping[str, Any]) -> bool:
+    # The client's own label: attempt 1, or a count that did not go up.
+    number = _attempt(cur)
+    if number is None:
+        return False
+    before = _attempt(prev)
+    return number == 1 or (before is not None and number <= before)
+
+
+def _operations(entries: list[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Entries (in time order) grouped into operations, by the rules at the top."""
+    by_fingerprint: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for entry in entries:
+        by_fingerprint[operation_of(entry)].append(entry)
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for fingerprint, attempts in by_fingerprint.items():
+        keyed = fingerprint.startswith("key:")
+        number = 1
+        current: list[Mapping[str, Any]] = []
+        for entry in attempts:
+            if (
+                current
+                and not keyed
+                and (not _failed(current[-1]) or _starts_anew(current[-1], entry))
+            ):
+                groups[fingerprint if number == 1 else f"{fingerprint} #{number}"] = current
+                number += 1
+                current = []
+            current.append(entry)
+        groups[fingerprint if number == 1 else f"{fingerprint} #{number}"] = current
+    return groups
+
+
+# The fields every journal entry has (the checker reads these; others are optional).
+_REQUIRED: dict[str, tuple[type, ...]] = {
+    "id": (int,),
+    "time": (int, float),
+    "method": (str,),
+    "path": (str,),
+    "status": (int, type(None)),
+    "outcome": (str,),
+}
+
+
+def validate_journal(journal: Any, *, source: str = "journal") -> list[Mapping[str, Any]]:
+    """The entries of ``journal`` if it is a mock journal, else ValueError saying why.
+
+    A journal is a list (possibly empty) of objects, each with at least ``id``,
+    ``time``, ``method``, ``path``, ``status`` and ``outcome`` of the right types.
+    """
+    if isinstance(journal, Mapping | str | bytes) or not isinstance(journal, Iterable):
+        raise ValueError(
+            f"{source}: not a mock journal: expected a list of journal entries, got "
+            f"{type(journal).__name__}"
+        )
+    entries = list(journal)
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise ValueError(
+                f"{source}: not a mock journal: entry {index} is {type(entry).__name__}, "
+                "not an object"
+            )
+        missing = [name for name in _REQUIRED if name not in entry]
+        if missing:
+            raise ValueError(
+                f"{source}: not a mock journal: entry {index} lacks {', '.join(missing)}"
+            )
+        for name, types in _REQUIRED.items():
+            value = entry[name]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise ValueError(
+                    f"{source}: not a mock journal: entry {index}: {name} is "
+                    f"{type(value).__name__} {str(value)[:40]!r}"
+                )
+    return entries
+
+
 def _describe(entry: Mapping[str, Any]) -> str:
     key = entry.get("idempotency_key")
     who = f"key {key}" if key else f"client {entry.get('client')}"
-    return f"{entry.get('method')} {entry.get('path')} ({who})"
+    query = entry.get("query")
+    target = f"{entry.get('path')}?{query}" if query else entry.get("path")
+    return f"{entry.get('method')} {target} ({who})"
 
 
 def check_journal(journal: Iterable[Mapping[str, Any]] | str | Path, **options: Any) -> Report:
@@ -369,10 +475,12 @@ def check_journal(journal: Iterable[Mapping[str, Any]] | str | Path, **options: 
     with a ``"journal"`` list). Options are those of :class:`Checker`.
     """
     if isinstance(journal, str | Path):
-        data = json.loads(Path(journal).read_text(encoding="utf-8"))
-        if isinstance(data, Mapping):
-            data = data.get("journal", [])
-        if not isinstance(data, list):
-            raise ValueError(f"{journal}: expected a JSON list of journal entries")
-        journal = data
+        source = str(journal)
+        try:
+            data = json.loads(Path(journal).read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"{source}: not JSON: {str(exc)[:200]}") from None
+        if isinstance(data, Mapping) and set(data) == {"journal"}:
+            data = data["journal"]
+        journal = validate_journal(data, source=source)
     return Checker(**options).check(journal)

@@ -1,5 +1,6 @@
 # `stormguard mock`: flags -> MockServer -> serve until Ctrl-C; `stormguard mock
-# verify JOURNAL.json`: the retry-contract checker, exit status 1 on violations.
+# verify JOURNAL.json`: the retry-contract checker, exit status 1 on violations and
+# 2 when the file is not a journal.
 from __future__ import annotations
 
 import asyncio
@@ -183,14 +184,22 @@ def serve_command(
     help="Seconds an attempt may come before its Retry-After.",
 )
 def verify_command(journal: Path, as_json: bool, tolerance: float) -> None:
-    """Check a journal against the retry contract; exit status 1 on violations."""
+    """Check a journal against the retry contract.
+
+    Exit status 0: no violations (an empty journal says so); 1: violations;
+    2: the file is not a mock journal.
+    """
     try:
         report = check_journal(journal, tolerance=tolerance)
     except (ValueError, OSError) as exc:
-        raise click.ClickException(f"cannot read journal {journal}: {exc}") from exc
+        click.echo(f"Error: cannot check {journal}: {exc}", err=True)
+        sys.exit(2)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
         click.echo(report.summary())
-        click.echo("OK: no violations" if report.ok else "FAILED: retry contract violated")
+        if not report.requests:
+            click.echo("OK: empty journal, nothing to check")
+        else:
+            click.echo("OK: no violations" if report.ok else "FAILED: retry contract violated")
     sys.exit(0 if report.ok else 1)

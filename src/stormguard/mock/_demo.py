@@ -42,7 +42,17 @@ __all__ = ["DemoResult", "demo_command", "demo_scenario", "run_demo"]
 PATH = "/v1/payments"
 
 
-def demo_scenario(seed: int = 7, *, rate_limit: int = 150) -> dict[str, Any]:
+# How the API refuses past its limit: Stripe's 429 + Retry-After, or GitHub's primary
+# limit, 403 + X-RateLimit-Remaining: 0 + X-RateLimit-Reset and no Retry-After.
+LIMIT_STYLES: dict[str, dict[str, Any]] = {
+    "stripe": {"headers": "stripe"},
+    "github": {"headers": "github", "status": 403, "retry_after": False},
+}
+
+
+def demo_scenario(
+    seed: int = 7, *, rate_limit: int = 150, limit_style: str = "stripe"
+) -> dict[str, Any]:
     """The flaky payments API of the demo (also a scenario-file example)."""
     return {
         "name": "flaky payments API",
@@ -56,7 +66,7 @@ def demo_scenario(seed: int = 7, *, rate_limit: int = 150) -> dict[str, Any]:
                     "limit": rate_limit,
                     "window": 1,
                     "per": "global",
-                    "headers": "stripe",
+                    **LIMIT_STYLES[limit_style],
                 },
                 "delay": {"lognormal": {"median": 0.015, "sigma": 0.6, "max": 0.3}},
                 "sequence": [
@@ -215,12 +225,13 @@ def run_demo(
     clients: int = 30,
     seed: int = 7,
     rate_limit: int = 150,
+    limit_style: str = "stripe",
     console: Console | None = None,
 ) -> list[DemoResult]:
     """Run both clients one after the other against a fresh mock; return the figures."""
     console = console or Console()
     results: list[DemoResult] = []
-    with MockServer(demo_scenario(seed, rate_limit=rate_limit)) as mock:
+    with MockServer(demo_scenario(seed, rate_limit=rate_limit, limit_style=limit_style)) as mock:
         for kind in ("naive", "stormguard"):
             mock.reset()
             label = CLIENTS[kind][0]
@@ -300,16 +311,30 @@ def _alert(count: int) -> str:
     type=click.IntRange(1, 10**9),
     help="The API's global limit, requests per second.",
 )
-def demo_command(payments: int, clients: int, seed: int, rate_limit: int) -> None:
+@click.option(
+    "--limit-style",
+    type=click.Choice(sorted(LIMIT_STYLES)),
+    default="stripe",
+    show_default=True,
+    help="How the API refuses past its limit: Stripe's 429 + Retry-After, or GitHub's "
+    "403 + X-RateLimit-Remaining: 0 + X-RateLimit-Reset.",
+)
+def demo_command(payments: int, clients: int, seed: int, rate_limit: int, limit_style: str) -> None:
     """Naive vs stormguard client against a flaky payments API (under a minute)."""
     console = Console()
     console.print(
         f"[bold]stormguard demo[/]: {payments} payments from {clients} concurrent clients "
         f"against a flaky payments API (mock on loopback: connection resets after "
-        f"charging, 503 + Retry-After, 504 after charging, {rate_limit} req/s limit)\n"
+        f"charging, 503 + Retry-After, 504 after charging, {rate_limit} req/s limit, "
+        f"refused {limit_style}-style)\n"
     )
     results = run_demo(
-        payments=payments, clients=clients, seed=seed, rate_limit=rate_limit, console=console
+        payments=payments,
+        clients=clients,
+        seed=seed,
+        rate_limit=rate_limit,
+        limit_style=limit_style,
+        console=console,
     )
     console.print()
     render(results, console)

@@ -4,9 +4,12 @@
 #
 # Rules, in the order they apply (README "Mock server" documents them):
 #  1. No route matches -> 404, outcome "no-route".
-#  2. The route's rate limit refuses -> 429 with Retry-After and the chosen header
-#     style; the request takes no step. Allowed requests carry the same headers.
-#  3. On a `resource` route, a request with an Idempotency-Key whose key was first
+#  2. The route's rate limit refuses -> 429 (or the limit's `status`, 403) with the
+#     chosen header style and Retry-After (unless `retry_after: false`); a GitHub
+#     `secondary` limit sends Retry-After and no X-RateLimit-* headers, as GitHub
+#     does. The request takes no step. Allowed requests carry the same headers.
+#  3. On a `resource` route, an Idempotency-Key that is empty, blank or longer than
+#     255 characters -> 400 ("invalid-key", as Stripe answers). A key first
 #     seen with another body -> 422 ("mismatch"); whose key is still in flight ->
 #     409 ("conflict"). Neither takes a step.
 #  4. The request takes the next step of its sequence; `sequence_per` says who
@@ -33,7 +36,9 @@ from typing import Any
 from ._journal import IdempotencyRecord, MockState, operation_of
 from ._scenario import RateLimit, Route, Scenario, Step
 
-__all__ = ["Plan", "Planner", "rate_limit_headers"]
+__all__ = ["MAX_KEY_LENGTH", "Plan", "Planner", "rate_limit_headers"]
+
+MAX_KEY_LENGTH = 255  # Stripe's limit for an Idempotency-Key
 
 
 @dataclass(slots=True)
@@ -47,6 +52,7 @@ class Plan:
     body: bytes = b""
     delay: float = 0.0
     in_flight: tuple[str, str] | None = None
+    wait: float | None = None  # the wait asked without Retry-After (GitHub's reset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +114,9 @@ def rate_limit_headers(spec: RateLimit, quota: Quota, *, now: float) -> list[tup
     reset_s = str(math.ceil(reset))
     remaining = str(quota.remaining)
     limit = str(quota.limit)
-    if spec.headers == "github":
+    if spec.secondary:  # GitHub's secondary limits: only Retry-After says anything
+        headers = []
+    elif spec.headers == "github":
         headers = [
             ("X-RateLimit-Limit", limit),
             ("X-RateLimit-Remaining", remaining),
@@ -136,9 +144,31 @@ def rate_limit_headers(spec: RateLimit, quota: Quota, *, now: float) -> list[tup
             ("RateLimit-Policy", f'"default";q={limit};w={window}'),
             ("RateLimit", f'"default";r={remaining};t={reset_s}'),
         ]
-    if not quota.allowed:
+    if not quota.allowed and (spec.retry_after or spec.secondary):
         headers.append(("Retry-After", str(max(1, math.ceil(quota.retry_after)))))
     return headers
+
+
+def _refusal_body(spec: RateLimit) -> bytes:
+    if spec.headers != "github":
+        return _json({"error": {"type": "rate_limited", "message": "too many requests"}})
+    docs = "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api"
+    if spec.secondary:
+        message = (
+            "You have exceeded a secondary rate limit. Please wait a few minutes before "
+            "you try again."
+        )
+    else:
+        message = "API rate limit exceeded."
+    return _json({"message": message, "documentation_url": docs})
+
+
+def _key_problem(key: str) -> str | None:
+    if not key.strip():
+        return "the Idempotency-Key header is empty"
+    if len(key) > MAX_KEY_LENGTH:
+        return f"the Idempotency-Key is longer than {MAX_KEY_LENGTH} characters"
+    return None
 
 
 def _retry_after(headers: list[tuple[str, str]], now: float) -> float | None:
@@ -198,6 +228,7 @@ class Planner:
         client: str,
         idempotency_key: str | None,
         body_sha256: str,
+        attempt: int | None = None,
     ) -> Plan:
         now = time.time()
         with self.state.lock:
@@ -208,6 +239,7 @@ class Planner:
                 "method": method,
                 "path": path,
                 "query": query,
+                "attempt": attempt,
                 "client": client,
                 "idempotency_key": idempotency_key,
                 "body_sha256": body_sha256,
@@ -227,6 +259,8 @@ class Planner:
             elif plan.action == "commit-then-504":
                 entry["status"] = 504
             entry["retry_after"] = _retry_after(plan.headers, now)
+            if entry["retry_after"] is None:
+                entry["retry_after"] = plan.wait
             return plan
 
     def client_gone(self, plan: Plan) -> None:
@@ -235,6 +269,14 @@ class Planner:
             plan.entry["outcome"] = "client-gone"
             plan.entry["status"] = None
             plan.entry["retry_after"] = None
+
+    def send_failed(self, plan: Plan, reason: str) -> None:
+        """The answer could not be written: no status reached the client."""
+        with self.state.lock:
+            plan.entry["outcome"] = "send-failed"
+            plan.entry["status"] = None
+            plan.entry["retry_after"] = None
+            plan.entry["error"] = reason
 
     def finish(self, plan: Plan) -> None:
         """The answer is complete (or the connection is gone): close the entry."""
@@ -262,11 +304,20 @@ class Planner:
             limit_headers = rate_limit_headers(spec, quota, now=now)
             if not quota.allowed:
                 entry["outcome"] = "rate-limited"
-                body = _json({"error": {"type": "rate_limited", "message": "too many requests"}})
                 headers = [("Content-Type", "application/json"), *limit_headers]
-                return Plan(entry, "respond", 429, headers, body)
+                refusal = Plan(entry, "respond", spec.status, headers, _refusal_body(spec))
+                if spec.headers == "github" and not spec.secondary:
+                    # GitHub's primary limit: wait until X-RateLimit-Reset (epoch s).
+                    refusal.wait = max(0.0, math.ceil(now + quota.reset_after) - now)
+                return refusal
 
         key = entry["idempotency_key"]
+        problem = _key_problem(key) if key is not None and route.resource else None
+        if problem is not None:
+            entry["outcome"] = "invalid-key"
+            body = _json({"error": {"type": "idempotency_error", "message": problem}})
+            headers = [("Content-Type", "application/json"), *limit_headers]
+            return Plan(entry, "respond", 400, headers, body)
         record_key = (route.resource, key) if route.resource and key else None
         if record_key is not None:
             record = self.state.records.get(record_key)

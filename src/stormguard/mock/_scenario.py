@@ -13,16 +13,18 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import random
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .._errors import ScenarioError
-from ._sources import FieldPath, format_path, load_toml, load_yaml
+from ._sources import MAX_BYTES, FieldPath, decode_source, format_path, load_toml, load_yaml
 
 __all__ = [
     "FAULTS",
@@ -44,6 +46,7 @@ FAULTS = (
     "malformed-chunked",
     "reset",
 )
+MAX_STEPS = 100_000  # steps of one route once `repeat` is expanded
 SEQUENCE_PER = ("idempotency-key", "client", "global")
 HEADER_STYLES = ("github", "ietf", "openai", "stripe")
 ALGORITHMS = ("fixed-window", "token-bucket")
@@ -100,6 +103,9 @@ class RateLimit:
     per: Literal["client", "global"] = "client"
     headers: Literal["github", "ietf", "openai", "stripe"] = "ietf"
     algorithm: Literal["fixed-window", "token-bucket"] = "fixed-window"
+    status: int = 429  # the refusal's status: 429, or 403 as GitHub also answers
+    retry_after: bool = True  # the refusal carries Retry-After (GitHub's primary does not)
+    secondary: bool = False  # a GitHub secondary limit: Retry-After, no X-RateLimit-*
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +163,11 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     source = path.name
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            raw = file.read(MAX_BYTES + 1)  # never more than the cap, whatever the size
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read scenario: {exc.strerror or exc}") from exc
+    text = decode_source(raw, source)
     if path.suffix.lower() == ".toml":
         data, lines = load_toml(text, source)
     else:
@@ -235,13 +243,16 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.err(path, f"expected a number, got {_kind(value)}")
             return None
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
         if not math.isfinite(number) or number < minimum or (strict and number == minimum):
             bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            self.err(path, f"must be {bound}, got {value!r}")
+            self.err(path, f"must be {bound}, got {_short(value)}")
             return None
         if maximum is not None and number > maximum:
-            self.err(path, f"must be <= {maximum:g}, got {value!r}")
+            self.err(path, f"must be <= {maximum:g}, got {_short(value)}")
             return None
         return number
 
@@ -258,7 +269,9 @@ class _Validator:
         if not isinstance(value, str) or value not in allowed:
             hint = difflib.get_close_matches(str(value), allowed, n=1)
             extra = f"; did you mean '{hint[0]}'?" if hint else ""
-            self.err(path, f"unknown value {value!r}; expected one of: {', '.join(allowed)}{extra}")
+            self.err(
+                path, f"unknown value {_short(value)}; expected one of: {', '.join(allowed)}{extra}"
+            )
             return None
         return value
 
@@ -305,6 +318,11 @@ class _Validator:
         else:
             for i, raw_step in enumerate(raw_sequence):
                 sequence.extend(self.step(raw_step, (*path, "sequence", i)))
+                if len(sequence) > MAX_STEPS:
+                    self.err(
+                        (*path, "sequence"), f"more than {MAX_STEPS:,} steps (repeat included)"
+                    )
+                    break
         per = self.choice(data.get("sequence_per", "global"), (*path, "sequence_per"), SEQUENCE_PER)
         resource = data.get("resource")
         if resource is not None and (not isinstance(resource, str) or not resource):
@@ -333,14 +351,16 @@ class _Validator:
             return None
         route_path = data.get("path")
         if not isinstance(route_path, str) or not route_path.startswith("/"):
-            self.err((*path, "path"), f"expected a path starting with '/', got {route_path!r}")
+            self.err(
+                (*path, "path"), f"expected a path starting with '/', got {_short(route_path)}"
+            )
             return None
         methods: frozenset[str] | None = None
         method = data.get("method")
         if method is not None:
             names = method if isinstance(method, list) else [method]
             if not names or not all(isinstance(m, str) and m.isalpha() for m in names):
-                self.err((*path, "method"), f"expected a method or a list, got {method!r}")
+                self.err((*path, "method"), f"expected a method or a list, got {_short(method)}")
                 return None
             methods = frozenset(m.upper() for m in names)
         return Match(path=route_path, methods=methods)
@@ -368,20 +388,19 @@ class _Validator:
                 self.err((*path, "headers"), f"expected a mapping, got {_kind(raw_headers)}")
             else:
                 for key, value in raw_headers.items():
-                    if not isinstance(value, str | int | float) or isinstance(value, bool):
-                        self.err((*path, "headers", str(key)), "expected a string or a number")
-                        continue
-                    text = value if isinstance(value, str) else f"{value:g}"
-                    headers.append((str(key), text))
+                    header = self.header(key, value, (*path, "headers", str(key)))
+                    if header is not None:
+                        headers.append(header)
         body = b""
         if "body" in data:
             raw_body = data["body"]
             if isinstance(raw_body, str):
                 body = raw_body.encode()
             elif isinstance(raw_body, Mapping | list):
-                import json
-
-                body = json.dumps(raw_body, separators=(",", ":")).encode()
+                try:
+                    body = json.dumps(raw_body, separators=(",", ":"), allow_nan=False).encode()
+                except (TypeError, ValueError, RecursionError) as exc:  # a date, NaN, ...
+                    self.err((*path, "body"), f"cannot be sent as JSON: {exc}")
                 if not any(k.lower() == "content-type" for k, _ in headers):
                     headers.append(("Content-Type", "application/json"))
             else:
@@ -404,6 +423,35 @@ class _Validator:
             probability=probability,
         )
         return [step] * repeat
+
+    def header(self, name: Any, value: Any, path: FieldPath) -> tuple[str, str] | None:
+        # RFC 9110 5.1 (a name is a token) and 5.5 (a value has no CR, LF or NUL),
+        # ASCII only: h11 would refuse anything else at serve time.
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            self.err(
+                path, "not a valid header name (RFC 9110 token: letters, digits, !#$%&'*+-.^_`|~)"
+            )
+            return None
+        if name.lower() in _FRAMING_HEADERS:
+            self.err(path, "the server frames the body itself (Content-Length); leave it out")
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            self.err(path, "expected a string or a number")
+            return None
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, int):
+            text = str(value) if abs(value) < 10**100 else ""
+        else:
+            text = f"{value:g}"
+        if not text or not _FIELD_VALUE.fullmatch(text):
+            self.err(
+                path,
+                f"not a valid header value {_short(value)} (RFC 9110: printable ASCII, spaces "
+                "and tabs inside; no CR, LF or NUL)",
+            )
+            return None
+        return name, text
 
     def delay(self, raw: Any, path: FieldPath) -> Delay | None:
         if isinstance(raw, int | float) and not isinstance(raw, bool):
@@ -446,7 +494,17 @@ class _Validator:
         return Delay("lognormal", median=median, sigma=sigma, cap=cap)
 
     def rate_limit(self, raw: Any, path: FieldPath) -> RateLimit | None:
-        data = self.mapping(raw, path, ("limit", "window", "per", "headers", "algorithm"))
+        allowed = (
+            "limit",
+            "window",
+            "per",
+            "headers",
+            "algorithm",
+            "status",
+            "retry_after",
+            "secondary",
+        )
+        data = self.mapping(raw, path, allowed)
         if data is None:
             return None
         before = len(self.errors)
@@ -460,6 +518,16 @@ class _Validator:
         algorithm = self.choice(
             data.get("algorithm", "fixed-window"), (*path, "algorithm"), ALGORITHMS
         )
+        status = data.get("status", 429)
+        if status not in (403, 429) or isinstance(status, bool):
+            self.err((*path, "status"), f"expected 429 or 403, got {_short(status)}")
+        flags = {}
+        for name, default in (("retry_after", True), ("secondary", False)):
+            flags[name] = data.get(name, default)
+            if not isinstance(flags[name], bool):
+                self.err((*path, name), f"expected true or false, got {_kind(flags[name])}")
+        if flags["secondary"] is True and style != "github":
+            self.err((*path, "secondary"), "a secondary limit is GitHub's: needs headers: github")
         if len(self.errors) > before or limit is None or window is None:
             return None
         return RateLimit(
@@ -468,7 +536,24 @@ class _Validator:
             per=per,  # type: ignore[arg-type]
             headers=style,  # type: ignore[arg-type]
             algorithm=algorithm,  # type: ignore[arg-type]
+            status=status,
+            retry_after=flags["retry_after"],
+            secondary=flags["secondary"],
         )
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\x21-\x7e]([\x20\x09\x21-\x7e]*[\x21-\x7e])?")
+_FRAMING_HEADERS = frozenset({"transfer-encoding"})
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+
+
+def _short(value: Any) -> str:
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an int past the interpreter's digit limit
+        return f"<{type(value).__name__} too large to show>"
 
 
 def _kind(value: Any) -> str:
@@ -480,4 +565,4 @@ def _kind(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {_short(value)}"

@@ -6,6 +6,16 @@
 # MockServer runs in-process on a background thread with its own event loop
 # (start()/stop(), context manager, `.url`), or in the foreground from the CLI
 # (`serve_forever()`). It listens on loopback unless told otherwise.
+#
+# Bounded by construction: a request head must arrive within `header_timeout`
+# seconds of the server starting to wait for it (a fresh connection, or the end of
+# the previous answer on a kept-alive one) and its body within `body_timeout` more;
+# otherwise the connection is closed (with a 408 when part of a request had come).
+# At most `max_connections` are served at once (more get a 503 and are closed),
+# each holding at most a 64 KiB head and a 16 MiB body.
+#
+# What the journal says was sent was sent: when an answer cannot be written (h11
+# refuses it, or the socket is gone) the entry says `send-failed` with the reason.
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +33,10 @@ from typing import Any
 
 import h11
 
+from .._errors import ConfigError
 from ._checker import Checker, Report
 from ._faults import Plan, Planner
-from ._journal import MockState
+from ._journal import MockState, attempt_of
 from ._scenario import Scenario, load_scenario, parse_scenario
 
 __all__ = ["MockServer"]
@@ -34,6 +45,15 @@ logger = logging.getLogger("stormguard.mock")
 
 ADMIN_PREFIX = "/__mock/"
 _MAX_BODY = 16 * 1024 * 1024
+_MAX_HEAD = 64 * 1024
+
+
+class _ReadTimeout(Exception):
+    """The client did not finish sending its request in time."""
+
+    def __init__(self, started: bool) -> None:
+        super().__init__("request read timed out")
+        self.started = started  # part of a request had arrived: answer 408
 
 
 def _coerce(scenario: Scenario | Mapping[str, Any] | str | Path) -> Scenario:
@@ -56,6 +76,13 @@ class MockServer:
     ``seed`` overrides the scenario's seed for probabilities and delays.
     ``on_request`` is called (on the server's thread) with a copy of each journal
     entry once its answer is complete.
+
+    ``header_timeout`` (seconds, default 30) bounds the wait for a request's head,
+    counted from the moment the server waits for it (a new connection, or the end
+    of the previous answer); ``body_timeout`` (default 60) bounds the time for its
+    body after the head. A request not complete in time gets a 408 (nothing when
+    nothing had arrived) and its connection is closed. ``max_connections`` (default
+    1024) caps connections served at once; more are answered 503 and closed.
     """
 
     def __init__(
@@ -66,7 +93,22 @@ class MockServer:
         port: int = 0,
         seed: int | None = None,
         on_request: Callable[[dict[str, Any]], None] | None = None,
+        header_timeout: float = 30.0,
+        body_timeout: float = 60.0,
+        max_connections: int = 1024,
     ) -> None:
+        for name, value in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(name, f"must be a number of seconds > 0, got {value!r}")
+        if isinstance(max_connections, bool) or not (
+            isinstance(max_connections, int) and max_connections >= 1
+        ):
+            raise ConfigError(
+                "max_connections", f"must be an integer >= 1, got {max_connections!r}"
+            )
+        self.header_timeout = float(header_timeout)
+        self.body_timeout = float(body_timeout)
+        self.max_connections = max_connections
         self.scenario = _coerce(scenario)
         self.on_request = on_request
         self.host = host
@@ -90,6 +132,11 @@ class MockServer:
     def journal(self) -> list[dict[str, Any]]:
         """A copy of the journal: one dict per request, in arrival order."""
         return self._state.journal()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections being served right now."""
+        return len(self._connections)
 
     def ledger(self) -> dict[str, dict[str, int]]:
         """A copy of the ledger: ``{resource: {key or request id: side effects}}``."""
@@ -202,17 +249,20 @@ class MockServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= self.max_connections:
+            await _close_with(writer, b"503 Service Unavailable", b"Retry-After: 1\r\n")
+            return
         self._connections.add(task)
         try:
             await self._connection(reader, writer)
+        except _ReadTimeout as exc:
+            if exc.started:  # part of a request came: say why it is dropped
+                await _close_with(writer, b"408 Request Timeout")
+            else:
+                _abort(writer)
         except h11.RemoteProtocolError:
             # Not HTTP/1.1 we can parse: answer 400 when we still can, then close.
-            with contextlib.suppress(Exception):
-                writer.write(
-                    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                )
-                await writer.drain()
-            _abort(writer)
+            await _close_with(writer, b"400 Bad Request")
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             _abort(writer)
         except Exception:
@@ -224,11 +274,11 @@ class MockServer:
                 writer.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         peer = writer.get_extra_info("peername")
         peer_host = str(peer[0]) if isinstance(peer, tuple) else "unknown"
         while True:
-            request = await _read_request(conn, reader)
+            request = await _read_request(conn, reader, self.header_timeout, self.body_timeout)
             if request is None:
                 return
             head, body = request
@@ -263,7 +313,8 @@ class MockServer:
             path=path,
             query=query,
             client=headers.get("x-client-id") or peer_host,
-            idempotency_key=headers.get("idempotency-key") or None,
+            idempotency_key=headers.get("idempotency-key"),
+            attempt=attempt_of(headers),
             body_sha256=hashlib.sha256(body).hexdigest(),
         )
         try:
@@ -313,7 +364,14 @@ class MockServer:
             _abort(writer)
             return False
         head = plan.entry["method"] == "HEAD"
-        await _send(conn, writer, plan.status, plan.headers, plan.body, head=head)
+        try:
+            await _send(conn, writer, plan.status, plan.headers, plan.body, head=head)
+        except Exception as exc:
+            # h11 refused the answer (a header it will not write) or the socket is
+            # gone: the journal must not claim it was sent.
+            self._planner.send_failed(plan, f"{type(exc).__name__}: {exc}")
+            _abort(writer)
+            return False
         return True
 
     # --- admin API ----------------------------------------------------------------
@@ -333,19 +391,33 @@ class MockServer:
 
 
 async def _read_request(
-    conn: h11.Connection, reader: asyncio.StreamReader
+    conn: h11.Connection,
+    reader: asyncio.StreamReader,
+    header_timeout: float,
+    body_timeout: float,
 ) -> tuple[h11.Request, bytes] | None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + header_timeout
     head: h11.Request | None = None
+    started = False
     chunks: list[bytes] = []
     size = 0
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            data = await reader.read(65536)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise _ReadTimeout(started)
+            try:
+                data = await asyncio.wait_for(reader.read(65536), remaining)
+            except TimeoutError:
+                raise _ReadTimeout(started) from None
+            started = started or bool(data)
             conn.receive_data(data)
             continue
         if isinstance(event, h11.Request):
             head = event
+            deadline = loop.time() + body_timeout
         elif isinstance(event, h11.Data):
             size += len(event.data)
             if size > _MAX_BODY:
@@ -402,6 +474,21 @@ async def _send(
     data += conn.send(h11.EndOfMessage()) or b""
     writer.write(data)
     await writer.drain()
+
+
+async def _close_with(writer: asyncio.StreamWriter, status: bytes, headers: bytes = b"") -> None:
+    # An answer written by hand (the connection is not in a state h11 can answer
+    # from), then the connection is dropped.
+    with contextlib.suppress(Exception):
+        writer.write(
+            b"HTTP/1.1 "
+            + status
+            + b"\r\nContent-Length: 0\r\n"
+            + headers
+            + b"Connection: close\r\n\r\n"
+        )
+        await writer.drain()
+    _abort(writer)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

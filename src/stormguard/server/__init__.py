@@ -1,15 +1,27 @@
 """The service's side: ASGI middlewares and gRPC server interceptors (private).
 
-Public as :mod:`stormguard.asgi` and :mod:`stormguard.grpc`. The building blocks
-here -- limit parsing, client keys, the per-request decision, refusal rendering,
-the idempotency claim, admission and WebSocket limits -- are what the gateway
-assembles; they live in the private modules of this package:
+Public as :mod:`stormguard.asgi`, :mod:`stormguard.fastapi` and :mod:`stormguard.grpc`.
+The pieces below are what the gateway assembles (never copy them):
 
-* ``_rules``: ``parse_limit``, ``Rule``, ``KeySpec`` / ``compile_key``, ``ClientAddress``;
-* ``_decide``: ``RuleSet`` (all rules of a request in one store call);
-* ``_refusal``: ``HeaderStyle``, ``limit_headers``, ``refusal``/``problem`` rendering,
-  ``send_response``;
-* ``_claims`` / ``_idempotency``: the claim stores and ``IdempotencyMiddleware``;
-* ``_admission``: ``Admission`` (bulkhead per group and per client);
-* ``_websocket``: ``WebSocketLimits`` and ``WebSocketGuard``.
+* ``_rules``: ``parse_limit("10/minute" | "N per M seconds" | algorithm)``, ``Rule``,
+  ``compile_key(spec, ClientAddress.of(trusted_proxies)) -> (RequestView -> key|None)``
+  for ``"ip"`` / ``"global"`` / ``"header:NAME"`` / callables, ``RequestView``;
+* ``_view``: ``ScopeView(scope)``, the ASGI scope as a ``RequestView``;
+* ``_decide``: ``RuleSet(rules, store=, on_store_error=, asyncio=)`` with
+  ``await adecide(view, method, path)`` / ``decide(...)`` -- every matching rule in one
+  store call, all or nothing -- and ``store_down`` / ``fails_closed``; ``open_store``;
+* ``_refusal``: ``limit_headers(decision, "ietf"|"github"|"both")``, ``Refusal`` (status,
+  headers, RFC 9457 body, reason), ``rate_limited`` (429), ``unavailable`` (503),
+  ``send_refusal``, ``send_response``, ``send_websocket_refusal``;
+  ``_ratelimit.refusal_for(decision, rules, style)`` picks 429 or 503;
+* ``_idempotency``: ``IdempotencyGuard`` -- ``admit(method, key)``, ``abegin(scope, key,
+  fingerprint)`` -> ``Ticket`` | ``Refusal`` | replay ``(status, headers, body)``,
+  ``afinish(ticket, status, encode_response(...))``, ``aabandon(ticket)`` (sync twins
+  without the ``a``); ``_claims``: the claim stores (memory, Redis Lua);
+* ``_admission``: ``Admission(limit, per_client=, max_wait=)`` with ``aenter(client)`` ->
+  ``Refusal | None`` and ``leave(client)``; ``AdmissionGroups`` by path prefix;
+  ``_concurrency.run_cancelling_on_disconnect(app, scope, receive, send)``;
+* ``_websocket``: ``WebSocketLimits`` and ``WebSocketGuard(limits, store=).run(app, scope,
+  receive, send, client)``;
+* ``_grpc``: the interceptors and ``peer_address``.
 """

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from .. import Bulkhead
 from .._errors import BulkheadFull, ConfigError
+from ..core._limiters import Decision
 from ._refusal import Refusal
 
-__all__ = ["Admission", "AdmissionGroups"]
+__all__ = ["Admission", "AdmissionGroups", "SharedAdmission"]
 
 
 class Admission:
@@ -157,3 +159,77 @@ class AdmissionGroups:
             if path.startswith(prefix):
                 return admission
         return self.default
+
+
+class SharedAdmission:
+    """Fleet-wide slots in a store: ``limit`` for the group, ``per_client`` per client.
+
+    Both are :class:`stormguard.Concurrency` leases decided in one store call (all or
+    nothing) and given back when the request ends; a holder that dies frees its
+    slot after ``lease`` seconds (keep it above the longest request). No waiting:
+    a full group answers 503 + ``Retry-After`` at once. ``on_store_error`` as for
+    the limiters.
+    """
+
+    __slots__ = ("_client", "_group", "per_client", "retry_after")
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        store: Any,
+        per_client: int | None = None,
+        lease: float = 60.0,
+        retry_after: float = 1.0,
+        on_store_error: str = "open",
+        name: str = "concurrency",
+    ) -> None:
+        from .. import AsyncRateLimiter, Concurrency
+
+        for field, value in (("limit", limit), ("per_client", per_client)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(field, f"must be an integer >= 1, got {value!r}")
+        if not retry_after > 0:
+            raise ConfigError("retry_after", f"must be > 0 seconds, got {retry_after!r}")
+        mode: Any = on_store_error
+        self._group = AsyncRateLimiter(
+            Concurrency(limit, lease),
+            store,
+            name=name,
+            on_store_error=mode,
+        )
+        self._client = (
+            None
+            if per_client is None
+            else AsyncRateLimiter(
+                Concurrency(per_client, lease),
+                store,
+                name=f"{name}-client",
+                on_store_error=mode,
+            )
+        )
+        self.per_client = per_client
+        self.retry_after = float(retry_after)
+
+    async def aenter(self, client: str | None = None) -> Refusal | Decision:
+        """Take the slots: the decision (keep it for :meth:`aleave`) or a Refusal (503)."""
+        from .. import AsyncRateLimiter
+
+        items = [(self._group, "all")]
+        if self._client is not None and client is not None:
+            items.append((self._client, client))
+        decision = await AsyncRateLimiter.hit_many(items)
+        if decision.allowed:
+            return decision
+        return Refusal.of(
+            503, "too many requests in flight", reason="bulkhead_full", retry_after=self.retry_after
+        )
+
+    async def aleave(self, client: str | None, decision: Decision) -> None:
+        """Give back the slots of an admitted request."""
+        parts = decision.parts or (decision,)
+        await self._group.release("all", parts[0])
+        if self._client is not None and client is not None and len(parts) > 1:
+            await self._client.release(client, parts[1])

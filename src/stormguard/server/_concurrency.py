@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-from ._admission import AdmissionGroups
-from ._refusal import send_refusal
+from ._admission import AdmissionGroups, SharedAdmission
+from ._decide import open_store
+from ._refusal import Refusal, send_refusal
 from ._rules import ClientAddress, KeySpec, compile_key
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._view import ScopeView
@@ -66,7 +67,11 @@ class ConcurrencyMiddleware:
     ``max_wait`` seconds for a slot, then gets 503 + ``Retry-After: retry_after``.
     Slots are released on completion, error and client disconnect (the handler is
     cancelled when its client goes; ``cancel_on_disconnect=False`` keeps it running).
-    Slots are per process (with N workers, N times the limit).
+    Slots are per process (with N workers, N times the limit) unless ``store`` is
+    given (an async store object or URL): then ``limit`` and ``per_client`` hold
+    across the fleet as leases in the store (no waiting; a dead holder's slot frees
+    after ``lease`` seconds; ``on_store_error`` as for the limiters; ``groups`` are
+    per process).
     """
 
     def __init__(
@@ -81,8 +86,21 @@ class ConcurrencyMiddleware:
         retry_after: float = 1.0,
         trusted_proxies: Sequence[str] = (),
         cancel_on_disconnect: bool = True,
+        store: object = None,
+        on_store_error: str = "open",
+        lease: float = 60.0,
     ) -> None:
         self.app = app
+        self.shared = None
+        if store is not None:
+            self.shared = SharedAdmission(
+                limit,
+                store=open_store(store, asyncio=True),
+                per_client=per_client,
+                lease=lease,
+                retry_after=retry_after,
+                on_store_error=on_store_error,
+            )
         self.admission = AdmissionGroups(
             limit, groups=groups, per_client=per_client, max_wait=max_wait, retry_after=retry_after
         )
@@ -94,16 +112,39 @@ class ConcurrencyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        admission = self.admission.for_path(scope.get("path", "/"))
         client = self.key_of(ScopeView(scope)) if self.per_client else None
+        if self.shared is not None:
+            await self._shared(self.shared, client, scope, receive, send)
+            return
+        admission = self.admission.for_path(scope.get("path", "/"))
         refusal = await admission.aenter(client)
         if refusal is not None:
             await send_refusal(send, refusal)
             return
         try:
-            if self.cancel_on_disconnect:
-                await run_cancelling_on_disconnect(self.app, scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
+            await self._run(scope, receive, send)
         finally:
             admission.leave(client)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.cancel_on_disconnect:
+            await run_cancelling_on_disconnect(self.app, scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _shared(
+        self,
+        shared: SharedAdmission,
+        client: str | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        admitted = await shared.aenter(client)
+        if isinstance(admitted, Refusal):
+            await send_refusal(send, admitted)
+            return
+        try:
+            await self._run(scope, receive, send)
+        finally:
+            await shared.aleave(client, admitted)

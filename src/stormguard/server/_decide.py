@@ -107,6 +107,12 @@ class RuleSet:
     async def adecide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Decide every matching rule (None: no rule applies)."""
         groups = self._groups(view, method, path)
+        if len(groups) == 1:
+            ((cost, items),) = groups.items()
+            if len(items) == 1:  # one limit: the limiter's own fast path
+                limiter, key = items[0]
+                return await limiter.hit(key, cost)  # type: ignore[no-any-return]
+            return await AsyncRateLimiter.hit_many(items, cost)
         if not groups:
             return None
         decisions = []
@@ -120,6 +126,12 @@ class RuleSet:
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Sync twin of :meth:`adecide`."""
         groups = self._groups(view, method, path)
+        if len(groups) == 1:
+            ((cost, items),) = groups.items()
+            if len(items) == 1:
+                limiter, key = items[0]
+                return limiter.hit(key, cost)  # type: ignore[no-any-return]
+            return RateLimiter.hit_many(items, cost)
         if not groups:
             return None
         decisions = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 from urllib.parse import unquote
 
 import grpc
@@ -153,6 +153,11 @@ class _Guard:
         detail = refusal.reason.replace("_", " ")
         return code, detail, trailers
 
+    def leave(self, client: str | None) -> None:
+        """Give back the concurrency slot of a call that took one."""
+        if self.concurrency is not None:
+            self.concurrency.leave(client)
+
     def idempotent(self, view: _CallView) -> tuple[str, str] | Refusal | None:
         """(scope, key) when the call is keyed; a Refusal for a bad key; None: not keyed."""
         guard = self.idempotency
@@ -183,17 +188,9 @@ def _ok(context: Any) -> bool:
     return code is None or code == grpc.StatusCode.OK
 
 
-class RateLimitServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Rate limits, concurrency and idempotency for a ``grpc.server``.
-
-    ``rules``: :class:`stormguard.asgi.Rule` objects (``key="header:x-api-key"``
-    reads metadata; ``"ip"`` the peer without port; ``paths`` match
-    ``"/pkg.Service/Method"``). ``refuse_with``: ``"unavailable"`` (default, with
-    ``grpc-retry-pushback-ms``) or ``"resource_exhausted"``. ``concurrency``: an
-    ``Admission`` capping calls in flight (per client by ``concurrency_key``).
-    ``idempotency=True`` (or an ``IdempotencyGuard``) runs a unary call once per
-    ``idempotency_key`` metadata value, scoped by ``idempotency_scope``.
-    """
+class _Interceptor:
+    # What both interceptors share: the options, the _Guard, and the handler rewrap.
+    _asyncio: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -220,11 +217,16 @@ class RateLimitServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             idempotency=idempotency,
             idempotency_key=idempotency_key,
             idempotency_scope=idempotency_scope,
-            asyncio=False,
+            asyncio=self._asyncio,
         )
 
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = continuation(details)
+    def _wrap(
+        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
+    ) -> Any:
+        raise NotImplementedError
+
+    def _rewrap(self, handler: Any, details: Any) -> Any:
+        # The handler with its behaviour wrapped (keyed unary calls answer raw bytes).
         if handler is None:
             return None
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
@@ -238,6 +240,24 @@ class RateLimitServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     changes["response_serializer"] = _raw
                 return handler._replace(**changes)
         return handler
+
+
+class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type: ignore[misc]
+    """Rate limits, concurrency and idempotency for a ``grpc.server``.
+
+    ``rules``: :class:`stormguard.asgi.Rule` objects (``key="header:x-api-key"``
+    reads metadata; ``"ip"`` the peer without port; ``paths`` match
+    ``"/pkg.Service/Method"``). ``refuse_with``: ``"unavailable"`` (default, with
+    ``grpc-retry-pushback-ms``) or ``"resource_exhausted"``. ``concurrency``: an
+    ``Admission`` capping calls in flight (per client by ``concurrency_key``).
+    ``idempotency=True`` (or an ``IdempotencyGuard``) runs a unary call once per
+    ``idempotency_key`` metadata value, scoped by ``idempotency_scope``.
+    """
+
+    _asyncio = False
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        return self._rewrap(continuation(details), details)
 
     def _enter(self, view: _CallView, context: Any, method: str) -> str | None:
         # Rules, then a concurrency slot; aborts the call when refused.
@@ -268,10 +288,7 @@ class RateLimitServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     ) -> Any:
         guard, method = self._guard, details.method
         serialize = handler.response_serializer or _raw
-
-        def leave(client: str | None) -> None:
-            if guard.concurrency is not None:
-                guard.concurrency.leave(client)
+        leave = guard.leave
 
         if streaming:
 
@@ -340,52 +357,13 @@ def _stored(body: bytes) -> bytes:
     return encode_response(200, (), body)
 
 
-class AsyncRateLimitServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """The ``grpc.aio`` twin of :class:`RateLimitServerInterceptor` (same options)."""
 
-    def __init__(
-        self,
-        rules: Sequence[Rule] = (),
-        *,
-        store: object = None,
-        on_store_error: str = "open",
-        refuse_with: str = "unavailable",
-        trusted_proxies: Sequence[str] = (),
-        concurrency: Admission | None = None,
-        concurrency_key: KeySpec = "ip",
-        idempotency: IdempotencyGuard | bool = False,
-        idempotency_key: str = "idempotency-key",
-        idempotency_scope: KeySpec | None = None,
-    ) -> None:
-        self._guard = _Guard(
-            rules,
-            store=store,
-            on_store_error=on_store_error,
-            refuse_with=refuse_with,
-            trusted_proxies=trusted_proxies,
-            concurrency=concurrency,
-            concurrency_key=concurrency_key,
-            idempotency=idempotency,
-            idempotency_key=idempotency_key,
-            idempotency_scope=idempotency_scope,
-            asyncio=True,
-        )
+    _asyncio = True
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-            behaviour = getattr(handler, kind)
-            if behaviour is not None:
-                streaming = kind.endswith("stream")
-                keyed = kind == "unary_unary" and self._guard.idempotency is not None
-                wrapped = self._wrap(behaviour, details, streaming, keyed, handler)
-                changes: dict[str, Any] = {kind: wrapped}
-                if keyed:
-                    changes["response_serializer"] = _raw
-                return handler._replace(**changes)
-        return handler
+        return self._rewrap(await continuation(details), details)
 
     async def _enter(self, view: _CallView, context: Any, method: str) -> str | None:
         guard = self._guard
@@ -415,10 +393,7 @@ class AsyncRateLimitServerInterceptor(grpc.aio.ServerInterceptor):  # type: igno
     ) -> Any:
         guard, method = self._guard, details.method
         serialize = handler.response_serializer or _raw
-
-        def leave(client: str | None) -> None:
-            if guard.concurrency is not None:
-                guard.concurrency.leave(client)
+        leave = guard.leave
 
         if streaming:
 

@@ -223,7 +223,8 @@ class IdempotencyMiddleware:
     ASGI scope) naming the tenant, so two tenants' equal keys never meet.
     ``required`` answers 400 to a keyed method without a key. ``fingerprint`` is a
     function ``(scope, body) -> str`` (default: method, path and body). Bodies
-    larger than ``max_body`` get 413. Stored answers expire after ``ttl`` seconds
+    larger than ``max_body`` get 413; an answer larger than ``max_response`` is not
+    stored (retries get 409 until the lease ends). Stored answers expire after ``ttl`` seconds
     (24 h); a claim whose owner crashed expires after ``lease`` seconds (make it
     longer than the request timeout). ``store`` is a store object or URL; when it is
     down, keyed requests get 503 + ``Retry-After`` and nothing runs
@@ -334,8 +335,13 @@ class IdempotencyMiddleware:
             await self.guard.aabandon(ticket)
             raise
         # A cancelled request (BaseException) keeps its claim: its outcome is unknown.
-        if status == 0 or size > self.max_response:
+        if status == 0:
             await self.guard.aabandon(ticket)
+            return
+        if size > self.max_response and status < 500:
+            # It ran, but its answer is too large to keep: no replay and no second
+            # run -- the claim stays in flight (409) until its lease ends.
+            _log.warning("idempotency: response over max_response; claim kept until its lease")
             return
         body_out = b"".join(chunks)
         await self.guard.afinish(ticket, status, encode_response(status, headers, body_out))

@@ -36,10 +36,20 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def _floats(text: str, name: str) -> list[float]:
+    # A comma list ("0.05,0.1,0.5") or an inclusive range START:STOP:STEP ("0:1:0.05").
     try:
-        values = [float(part) for part in text.split(",") if part.strip()]
+        if ":" in text:
+            start, stop, step = (float(part) for part in text.split(":"))
+            if not step > 0 or stop < start or (stop - start) / step > 10_000:
+                raise ValueError(text)
+            count = round((stop - start) / step)
+            values = [round(start + i * step, 10) for i in range(count + 1)]
+        else:
+            values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}") from None
+        raise click.BadParameter(
+            f"expected comma-separated numbers or START:STOP:STEP, got {text!r}"
+        ) from None
     if not values or min(values) < 0 or max(values) > 1:
         raise click.BadParameter(f"{name}: expected rates in [0, 1], got {text!r}")
     return values
@@ -281,9 +291,9 @@ def _checked(call: Callable[[], _T]) -> _T:
 )
 @click.option(
     "--failure-rates",
-    default="0.05,0.1,0.2,0.5",
+    default="0:1:0.05",
     show_default=True,
-    help="budget: failure probability per attempt.",
+    help="budget: failure probabilities per attempt: a comma list or START:STOP:STEP.",
 )
 @click.option(
     "--rate",
@@ -301,7 +311,7 @@ def _checked(call: Callable[[], _T]) -> _T:
 @click.option(
     "--depth",
     type=click.IntRange(min=1, max=8),
-    default=3,
+    default=4,
     show_default=True,
     help="layers: number of retrying layers.",
 )

@@ -12,7 +12,7 @@ from ._layers import LayersRow
 from ._occ import OccRow
 from ._storm import StormConfig, StormResult
 
-__all__ = ["plot_budget", "plot_layers", "plot_occ", "plot_storm"]
+__all__ = ["occ_figure", "plot_budget", "plot_layers", "plot_occ", "plot_storm"]
 
 _DPI = 80
 
@@ -31,15 +31,36 @@ def _save(plt: Any, figure: Any, path: Path) -> Path:
     return path
 
 
+# One line style and one marker per strategy: lines that coincide (full and equal
+# jitter do nearly the same work) must stay told apart, also in black and white.
+_LINE_STYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "x", "P")
+
+
+def _style(index: int) -> dict[str, Any]:
+    return {
+        "linestyle": _LINE_STYLES[index % len(_LINE_STYLES)],
+        "marker": _MARKERS[index % len(_MARKERS)],
+        "markersize": 4,
+        "markerfacecolor": "none",
+    }
+
+
 def plot_occ(rows: Sequence[OccRow], path: Path) -> Path:
     """Calls and completion time against the number of clients, one line per strategy."""
     plt = _pyplot()
+    return _save(plt, occ_figure(plt, rows), path)
+
+
+def occ_figure(plt: Any, rows: Sequence[OccRow]) -> Any:
+    """The occ figure (two panels), not yet saved."""
     figure, (calls, time) = plt.subplots(1, 2, figsize=(10, 4))
-    for strategy in dict.fromkeys(row.strategy for row in rows):
+    for index, strategy in enumerate(dict.fromkeys(row.strategy for row in rows)):
         mine = [row for row in rows if row.strategy == strategy]
         clients = [row.clients for row in mine]
-        calls.plot(clients, [row.calls_mean for row in mine], marker=".", label=strategy)
-        time.plot(clients, [row.time_mean for row in mine], marker=".", label=strategy)
+        style = _style(index)
+        calls.plot(clients, [row.calls_mean for row in mine], label=strategy, **style)
+        time.plot(clients, [row.time_mean for row in mine], label=strategy, **style)
     calls.set(title="Work: writes the server processed", xlabel="clients", ylabel="calls")
     time.set(
         title="Completion: last success reply",
@@ -50,7 +71,7 @@ def plot_occ(rows: Sequence[OccRow], path: Path) -> Path:
     for axes in (calls, time):
         axes.grid(alpha=0.3)
     calls.legend(title="backoff")
-    return _save(plt, figure, path)
+    return figure
 
 
 def plot_storm(results: Sequence[StormResult], config: StormConfig, path: Path) -> Path:
