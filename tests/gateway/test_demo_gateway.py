@@ -55,6 +55,15 @@ def test_demo_group_keeps_the_client_demo_and_adds_gateway() -> None:
 
 
 @pytest.mark.slow
+def test_demo_without_subcommand_still_runs_the_client_demo() -> None:
+    """`stormguard demo --payments N` forwards its options to the client demo."""
+    result = CliRunner().invoke(_build(), ["demo", "--payments", "4", "--clients", "2"])
+    assert result.exit_code == 0, result.output
+    assert "4 payments from 2 concurrent clients" in result.output
+    assert "payments succeeded" in result.output
+
+
+@pytest.mark.slow
 def test_short_demo_run_protects_the_upstream(tmp_path: Path) -> None:
     """Through the gateway fewer requests reach the failing upstream; refusals carry Retry-After."""
     direct, guarded = run_gateway_demo(phases=Phases(warmup=1.5, outage=2.5, after=2.0))

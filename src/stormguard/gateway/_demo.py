@@ -250,28 +250,31 @@ async def _camera(
 # --- the report ---------------------------------------------------------------------
 
 
+def _recovery(r: GatewayDemoResult) -> str:
+    t = r.time_to_recover()
+    return "not within the run" if t is None else f"{t:.1f} s"
+
+
+_ROWS: list[tuple[str, Callable[[GatewayDemoResult], str]]] = [
+    ("requests that reached it", lambda r: f"{r.count():,}"),
+    ("  from the naive loop", lambda r: f"{r.count('naive'):,}"),
+    ("  from stormguard clients", lambda r: f"{r.count('stormguard'):,}"),
+    ("  while it was down", lambda r: f"{r.during_outage():,}"),
+    ("peak request rate", lambda r: f"{r.peak_rate():,}/s"),
+    ("time to recover", _recovery),
+    ("refusals with Retry-After", lambda r: f"{r.refusals_with_retry_after:,}"),
+    ("successful answers to clients", lambda r: f"{r.client_successes:,}"),
+]
+
+
 def render(results: list[GatewayDemoResult], console: Console) -> None:
     """The side-by-side table of what the upstream saw."""
     table = Table(title="Same clients, same outage — as the upstream saw it")
     table.add_column("")
     for r in results:
         table.add_column(r.label, justify="right")
-
-    def row(name: str, cells: list[str]) -> None:
-        table.add_row(name, *cells)
-
-    def seconds(r: GatewayDemoResult) -> str:
-        t = r.time_to_recover()
-        return "not within the run" if t is None else f"{t:.1f} s"
-
-    row("requests that reached it", [f"{r.count():,}" for r in results])
-    row("  from the naive loop", [f"{r.count('naive'):,}" for r in results])
-    row("  from stormguard clients", [f"{r.count('stormguard'):,}" for r in results])
-    row("  while it was down", [f"{r.during_outage():,}" for r in results])
-    row("peak request rate", [f"{r.peak_rate():,}/s" for r in results])
-    row("time to recover", [seconds(r) for r in results])
-    row("refusals with Retry-After", [f"{r.refusals_with_retry_after:,}" for r in results])
-    row("successful answers to clients", [f"{r.client_successes:,}" for r in results])
+    for name, cell in _ROWS:
+        table.add_row(name, *(cell(r) for r in results))
     console.print(table)
 
 
