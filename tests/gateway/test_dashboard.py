@@ -6,6 +6,7 @@ import re
 from importlib import resources
 from typing import Any
 
+import httpx
 import pytest
 
 from stormguard.gateway._app import AdminApp
@@ -114,3 +115,27 @@ def test_status_counts_upstream_answers_and_websocket_messages() -> None:
     assert "requests" not in status["upstreams"]["greeter"]
     assert status["websocket_messages"] == {"/ws": {"in": 5, "out": 2}}
     assert status["routes"]["/v1/orders"] == {"allowed": 0, "breaker_open": 1}
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_workers_dashboard_and_status_add_up_every_worker(
+    owned_redis: Any, upstream_factory: Any, gateway_factory: Any
+) -> None:
+    """--workers 2: the supervisor serves the page, and /status counts answers from both workers."""
+    up = upstream_factory()
+    config = {
+        "store": owned_redis.url,
+        "upstreams": {"a": {"url": up.url}},
+        "routes": [{"path": "/", "upstream": "a"}],
+    }
+    gw = gateway_factory(config, workers=2)
+    for _ in range(6):
+        with httpx.Client() as client:  # a new connection each time: spread over workers
+            assert client.get(f"{gw.url}/echo").status_code == 200
+    code, page = gw.admin("/dashboard")
+    assert code == 200
+    assert b'<script src="/dashboard.js"' in page
+    upstream = gw.status()["upstreams"]["a"]
+    assert upstream["requests"] == up.seen()["n"] == 6
+    assert upstream["routes"] == {"/": "http"}
