@@ -391,3 +391,23 @@ def test_admin_endpoints(
     assert upstream["bulkhead_limit"] == 7
     assert status["routes"]["/"] == {"allowed": 1}
     assert set(upstream["latency_ms"]) == {"p50", "p99"}
+
+
+def test_trusted_proxy_forwarded_for(upstream_factory: Factory, gateway_factory: Factory) -> None:
+    """Behind a trusted proxy the forwarded address names the client and the chain grows."""
+    up = upstream_factory()
+    gw = _gateway(
+        gateway_factory,
+        up,
+        limits=["pc"],
+        extra={
+            "clients": {"key": ["ip"], "trusted_proxies": ["127.0.0.0/8"]},
+            "limits": {"pc": {"algorithm": "fixed_window", "limit": 1, "window": 60}},
+        },
+    )
+    first = httpx.get(f"{gw.url}/echo", headers={"X-Forwarded-For": "198.51.100.7"})
+    seen = {k.lower(): v for k, v in first.json()["headers"].items()}
+    assert seen["x-forwarded-for"] == "198.51.100.7, 127.0.0.1"
+    again = httpx.get(f"{gw.url}/echo", headers={"X-Forwarded-For": "198.51.100.7"})
+    other = httpx.get(f"{gw.url}/echo", headers={"X-Forwarded-For": "198.51.100.8"})
+    assert (again.status_code, other.status_code) == (429, 200)
