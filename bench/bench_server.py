@@ -94,7 +94,11 @@ async def _run(app: App, scopes: list[dict[str, Any]], callers: int = 1) -> floa
 
 
 async def _race(
-    apps: dict[str, App], scopes: list[dict[str, Any]], rounds: int, callers: int = 1
+    apps: dict[str, App],
+    scopes: list[dict[str, Any]],
+    rounds: int,
+    callers: int = 1,
+    warm: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Best seconds per request over ``rounds`` short interleaved chunks.
 
@@ -104,7 +108,7 @@ async def _race(
     """
     best = dict.fromkeys(apps, float("inf"))
     for app in apps.values():  # warm up: routes compiled, connections open, scripts loaded
-        await _run(app, scopes[:200], callers)
+        await _run(app, warm if warm is not None else scopes[:200], callers)
     size = max(1, len(scopes) // rounds)
     for r in range(rounds):
         chunk = scopes[r * size : (r + 1) * size]
@@ -234,7 +238,7 @@ async def _bench(quick: bool) -> None:
             from stormguard.stores import AsyncRedisStore
 
             prefix = f"bench:{uuid.uuid4().hex[:8]}:"
-            store = AsyncRedisStore(url, prefix=prefix)
+            store = AsyncRedisStore(url, prefix=prefix, socket_timeout=2, connect_timeout=2)
             aredis = redis.asyncio.Redis.from_url(url)
             bucket = await RedisBucket.init(
                 [Rate(1_000_000, Duration.MINUTE)], aredis, prefix + "fl"
@@ -254,20 +258,28 @@ async def _bench(quick: bool) -> None:
                 ["stormguard RateLimitMiddleware"],
                 peers,
             )
+            await _idempotency("memory", IdempotencyMiddleware(bare), bare, number, repeat)
+            idem = IdempotencyMiddleware(bare, store=store)
+            await _idempotency("Redis", idem, bare, number // 4, repeat // 4)
             keys = await aredis.keys(prefix + "*")
-            if keys:
-                await aredis.delete(*keys)
+            for start in range(0, len(keys), 1000):
+                await aredis.delete(*keys[start : start + 1000])
             await aredis.aclose()
             await store.aclose()
+            return
+    await _idempotency("memory", IdempotencyMiddleware(bare), bare, number, repeat)
 
-    idem = IdempotencyMiddleware(bare)
-    fresh = [_scope(CLIENTS[0], "POST", key=f"new-{i}") for i in range(number)]
-    replay = [_scope(CLIENTS[0], "POST", key="same") for _ in range(number)]
+
+async def _idempotency(where: str, idem: App, bare: App, number: int, repeat: int) -> None:
+    run = uuid.uuid4().hex[:8]
+    fresh = [_scope(CLIENTS[0], "POST", key=f"{run}-{i}") for i in range(number)]
+    warm = [_scope(CLIENTS[0], "POST", key=f"{run}-warm-{i}") for i in range(200)]
+    replay = [_scope(CLIENTS[0], "POST", key=f"{run}-same") for _ in range(number)]
     bare_post = await _race({"bare": bare}, fresh, repeat)
-    new_key = await _race({"idem": idem}, fresh, repeat)  # each chunk: keys never seen
+    new_key = await _race({"idem": idem}, fresh, repeat, warm=warm)  # every key new
     replays = await _race({"idem": idem}, replay, repeat)
     base = bare_post["bare"]
-    print(f"\nIdempotencyMiddleware (memory), bare POST {_us(base).strip()}:")
+    print(f"\nIdempotencyMiddleware ({where}), bare POST {_us(base).strip()}:")
     print(f"  new key  {_us(new_key['idem'])}   +{_us(new_key['idem'] - base).strip()}")
     print(f"  replay   {_us(replays['idem'])}   ({replays['idem'] / base:.2f}x the bare POST)")
 

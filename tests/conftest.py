@@ -3,6 +3,12 @@
 Redis: ``REDIS_URL`` when set; otherwise the session starts ``redis-server`` on a
 free port in a temporary directory; otherwise Redis tests skip — unless
 ``STORMGUARD_REQUIRE_REDIS=1``, which makes a missing Redis fail the run.
+
+Redis Cluster (``redis_cluster`` / ``redis_cluster_url``): ``REDIS_CLUSTER_URL``
+(``redis+cluster://host:port``) when set; otherwise the session starts three
+``redis-server --cluster-enabled yes`` on free loopback ports whose bus ports
+(+10000) are free too, joins them with ``redis-cli --cluster create`` (no
+replicas) and waits for ``cluster_state:ok``; same skip/fail rule as above.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -29,11 +36,11 @@ T = TypeVar("T")
 @pytest.fixture(autouse=True)
 def _fresh_process_guards() -> Iterator[None]:
     """Each test starts with no process-wide per-origin breakers, budgets or cooldowns."""
-    from stormguard.protection import _origin
+    from stormguard.protection import reset_process_guards
 
-    _origin._PROCESS_GUARDS = None
+    reset_process_guards()
     yield
-    _origin._PROCESS_GUARDS = None
+    reset_process_guards()
 
 
 @pytest.fixture
@@ -118,31 +125,23 @@ class RedisServer:
         self.process = _spawn_redis(self.port, self.workdir)
 
 
-def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise FileNotFoundError("redis-server")
-    proc = subprocess.Popen(
+def _redis_process(exe: str, port: int, workdir: str, *extra: str) -> subprocess.Popen[bytes]:
+    """A loopback redis-server without persistence, in the foreground."""
+    return subprocess.Popen(
         [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
+            *(exe, "--port", str(port), "--bind", "127.0.0.1", *extra, "--save", ""),
+            *("--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _spawn_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise FileNotFoundError("redis-server")
+    proc = _redis_process(exe, port, workdir)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if _ping("127.0.0.1", port):
@@ -158,35 +157,56 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"no Redis: {reason}")
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """The shared Redis server: REDIS_URL, else one started for the session."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        from urllib.parse import urlparse
+def _from_env(variable: str) -> tuple[str, str, int] | None:
+    """``(url, host, port)`` of the server named by an environment variable, if set."""
+    url = os.environ.get(variable)
+    if not url:
+        return None
+    from urllib.parse import urlparse
 
-        parsed = urlparse(url)
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
-        if not _ping(host, port, timeout=2):
-            _unavailable(f"REDIS_URL={url} does not answer PING")
-        yield RedisServer(url=url, host=host, port=port)
-        return
-    server = _owned_redis_or_skip()
+    parsed = urlparse(url)
+    return url, parsed.hostname or "127.0.0.1", parsed.port or 6379
+
+
+Owned = TypeVar("Owned", "RedisServer", "RedisCluster")
+
+
+@contextmanager
+def _owned(start: Callable[[], Owned], what: str) -> Iterator[Owned]:
+    """A server this session starts (skip, or fail, when it cannot) and discards after."""
+    try:
+        server = start()
+    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as exc:
+        _unavailable(f"could not start {what} ({exc})")
+        raise  # unreachable: _unavailable raises
     try:
         yield server
     finally:
         server.discard()
 
 
-def _owned_redis_or_skip() -> RedisServer:
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The shared Redis server: REDIS_URL, else one started for the session."""
+    env = _from_env("REDIS_URL")
+    if env:
+        url, host, port = env
+        if not _ping(host, port, timeout=2):
+            _unavailable(f"REDIS_URL={url} does not answer PING")
+        yield RedisServer(url=url, host=host, port=port)
+        return
+    with _owned(_start_redis, "redis-server") as server:
+        yield server
+
+
+def _start_redis() -> RedisServer:
     port = _free_port()
     workdir = tempfile.mkdtemp(prefix="stormguard-redis-")
     try:
         proc = _spawn_redis(port, workdir)
-    except (FileNotFoundError, RuntimeError) as exc:
+    except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
-        _unavailable(f"could not start redis-server ({exc})")
-        raise  # unreachable: _unavailable raises
+        raise
     return RedisServer(
         url=f"redis://127.0.0.1:{port}/0",
         host="127.0.0.1",
@@ -199,11 +219,8 @@ def _owned_redis_or_skip() -> RedisServer:
 @pytest.fixture
 def owned_redis() -> Iterator[RedisServer]:
     """A private redis-server that the test may stop and restart (outage tests)."""
-    server = _owned_redis_or_skip()
-    try:
+    with _owned(_start_redis, "redis-server") as server:
         yield server
-    finally:
-        server.discard()
 
 
 @pytest.fixture
@@ -216,3 +233,148 @@ def redis_url(redis_server: RedisServer) -> str:
 def key_prefix() -> str:
     """A unique key prefix so tests sharing one Redis never collide."""
     return f"sgtest:{uuid.uuid4().hex[:12]}:"
+
+
+# -- Redis Cluster -------------------------------------------------------------
+
+CLUSTER_NODES = 3
+_BUS_OFFSET = 10_000  # Redis Cluster's bus port is the client port + 10000
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """``count`` free ports whose cluster bus ports are free too."""
+    rng = random.Random()
+    ports: list[int] = []
+    for _ in range(2000):
+        port = rng.randrange(20_000, 55_000 - _BUS_OFFSET)
+        if port in ports or port + _BUS_OFFSET in ports:
+            continue
+        if _port_is_free(port) and _port_is_free(port + _BUS_OFFSET):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError("no free port pairs for a Redis Cluster")
+
+
+def _cluster_info(port: int) -> str:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"CLUSTER INFO\r\n")
+            data = b""
+            while b"cluster_state" not in data or not data.endswith(b"\r\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            return data.decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _wait_until(probe: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Redis Cluster nodes did not {what} within {timeout}s")
+        time.sleep(POLL_INTERVAL)
+
+
+@dataclass
+class RedisCluster:
+    """A Redis Cluster the tests may use; ``processes`` is set when the session owns it."""
+
+    url: str
+    nodes: list[tuple[str, int]]
+    processes: list[subprocess.Popen[bytes]] | None = None
+    workdir: str | None = None
+
+    def discard(self) -> None:
+        """Stop the nodes this session started and remove their directory."""
+        for proc in self.processes or ():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes or ():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _start_cluster() -> RedisCluster:
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        raise FileNotFoundError("redis-server" if server is None else "redis-cli")
+    workdir = tempfile.mkdtemp(prefix="stormguard-cluster-")
+    cluster = RedisCluster(url="", nodes=[], processes=[], workdir=workdir)
+    try:
+        ports = _cluster_ports(CLUSTER_NODES)
+        for port in ports:
+            node_dir = os.path.join(workdir, str(port))
+            os.mkdir(node_dir)
+            assert cluster.processes is not None
+            cluster.processes.append(
+                _redis_process(
+                    server,
+                    port,
+                    node_dir,
+                    *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                    *("--cluster-node-timeout", "5000"),
+                )
+            )
+        cluster.nodes = [("127.0.0.1", port) for port in ports]
+        _wait_until(lambda: all(_ping("127.0.0.1", port) for port in ports), 10, "start")
+        subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+        _wait_until(
+            lambda: all("cluster_state:ok" in _cluster_info(port) for port in ports), 30, "join"
+        )
+    except BaseException:
+        cluster.discard()
+        raise
+    cluster.url = f"redis+cluster://127.0.0.1:{ports[0]}"
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A three-node Redis Cluster: REDIS_CLUSTER_URL, else one started for the session."""
+    env = _from_env("REDIS_CLUSTER_URL")
+    if env:
+        url, host, port = env
+        if "cluster_state:ok" not in _cluster_info(port):
+            _unavailable(f"REDIS_CLUSTER_URL={url} is not a healthy cluster")
+        yield RedisCluster(url=url, nodes=[(host, port)])
+        return
+    with _owned(_start_cluster, "a Redis Cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisCluster) -> str:
+    """URL of the shared Redis Cluster (``redis+cluster://127.0.0.1:PORT``)."""
+    return redis_cluster.url

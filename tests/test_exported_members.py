@@ -64,7 +64,9 @@ PROMISED = {
         "Pacer",
         "Permit",
         "RetryBudget",
+        "reset_process_guards",
     ],
+    "stormguard.limiting": ["AsyncRateLimiter", "LimiterStats", "RateLimiter"],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],
     "stormguard.testing": ["FakeClock"],
     "stormguard.mock": [

@@ -17,7 +17,6 @@ from ._errors import (
     StoreError,
     StormguardError,
 )
-from ._limiter import AsyncRateLimiter, RateLimiter
 from .client._context import Attempt, Retrying, retrying
 from .client._decorator import retry
 from .client._driver import RetryRecord
@@ -42,6 +41,7 @@ from .core._limiters import (
     TokenBucket,
 )
 from .core._policy import GiveUpReason, RetryPolicy
+from .limiting import AsyncRateLimiter, RateLimiter
 from .protection import BreakerEvent, Bulkhead, CircuitBreaker, Cooldown, Pacer, RetryBudget
 
 __version__ = "0.1.0"

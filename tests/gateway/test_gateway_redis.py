@@ -56,14 +56,14 @@ def test_breaker_is_fleet_wide(
 ) -> None:
     """Opened through one gateway, both refuse; half-open lets one probe through in total."""
     up = upstream_factory()
-    breaker = {"min_calls": 2, "failure_rate": 0.5, "window": 60, "open_for": 1}
+    breaker = {"min_calls": 2, "failure_rate": 0.5, "window": 60, "open_for": 3}
     config = _config(owned_redis, up, upstream={"breaker": breaker}, routes=None)
     config["routes"] = [{"path": "/", "upstream": "a"}]
     gw1, gw2 = gateway_factory(config), gateway_factory(config)
     assert [httpx.get(f"{gw1.url}/status/500").status_code for _ in range(2)] == [500, 500]
     assert httpx.get(f"{gw2.url}/status/500").status_code == 503  # gw2 never saw a failure
     assert up.seen()["n"] == 2
-    eventually(lambda: gw2.status()["upstreams"]["a"]["breaker"] == "half_open")
+    eventually(lambda: gw2.status()["upstreams"]["a"]["breaker"] == "half_open", timeout=30)
     codes: list[int] = []
 
     def hit(gw: Any) -> None:

@@ -34,6 +34,22 @@ async def maybe(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+async def redis_keys(client: Any, pattern: str) -> list[bytes]:
+    """KEYS on a Redis client, sync or async; on a cluster client, of every primary."""
+    if hasattr(client, "get_primaries"):
+        keys: list[bytes] = await maybe(client.keys(pattern, target_nodes=client.PRIMARIES))
+    else:
+        keys = await maybe(client.keys(pattern))
+    return keys
+
+
+async def drop_keys(client: Any, prefix: str) -> None:
+    """Delete every key under ``prefix`` (sync or async client, single or cluster)."""
+    keys = await redis_keys(client, prefix + "*")
+    if keys:
+        await maybe(client.delete(*keys))
+
+
 class Harness:
     """Drives a sync or async limiter through one awaitable interface."""
 

@@ -46,33 +46,6 @@ def test_call_passes_result_and_counts_failures(clock: FakeClock, rng: random.Ra
     assert breaker.state == "open"
 
 
-def test_open_raises_circuit_open_with_remaining(clock: FakeClock, rng: random.Random) -> None:
-    """A refused call raises CircuitOpen carrying the name and the time left."""
-    breaker = tripped(clock, rng, name="payments")
-    clock.advance(2.0)
-    with pytest.raises(CircuitOpen) as info:
-        breaker.call(lambda: None)
-    assert info.value.name == "payments"
-    assert info.value.remaining == pytest.approx(3.0)
-
-
-def test_half_open_probe_success_closes(clock: FakeClock, rng: random.Random) -> None:
-    """After open_for a probe runs; its success closes the breaker."""
-    breaker = tripped(clock, rng)
-    clock.advance(5.0)
-    assert breaker.state == "half_open"
-    assert breaker.call(lambda: "ok") == "ok"
-    assert breaker.state == "closed"
-
-
-def test_slow_call_counts_as_failure(clock: FakeClock, rng: random.Random) -> None:
-    """A call slower than slow_call counts as a failure (measured on the clock)."""
-    breaker = CircuitBreaker(min_calls=2, slow_call=1.0, clock=clock, rng=rng)
-    for _ in range(2):
-        breaker.call(clock.advance, 1.5)
-    assert breaker.state == "open"
-
-
 def test_is_failure_decides_what_counts(clock: FakeClock, rng: random.Random) -> None:
     """Exceptions that is_failure rejects do not count toward opening."""
     breaker = CircuitBreaker(
@@ -82,17 +55,6 @@ def test_is_failure_decides_what_counts(clock: FakeClock, rng: random.Random) ->
         with pytest.raises(KeyError):
             breaker.call({}.__getitem__, "x")
     assert breaker.state == "closed"
-
-
-def test_force_open_and_reset(clock: FakeClock, rng: random.Random) -> None:
-    """force_open refuses until reset(); reset closes."""
-    breaker = CircuitBreaker(clock=clock, rng=rng)
-    breaker.force_open()
-    clock.advance(1e6)
-    with pytest.raises(CircuitOpen):
-        breaker.call(lambda: None)
-    breaker.reset()
-    assert breaker.call(lambda: 1) == 1
 
 
 def test_listeners_see_every_state_change(clock: FakeClock, rng: random.Random) -> None:
@@ -407,17 +369,26 @@ async def test_half_open_50_tasks_at_most_one_reaches_backend(
     """aiobreaker/purgatory flaw (50 of 50): of 50 tasks only one probe reaches the backend."""
     breaker = tripped(clock, rng)
     clock.advance(5.0)
-    reached = 0
+    reached = refused = 0
+    others_refused = asyncio.Event()
 
     async def backend() -> None:
         nonlocal reached
         reached += 1
-        await asyncio.sleep(0.2)
+        await others_refused.wait()  # the probe stays in flight meanwhile
         raise Boom
 
-    results = await asyncio.gather(
-        *(breaker.acall(backend) for _ in range(50)), return_exceptions=True
-    )
+    async def attempt() -> None:
+        nonlocal refused
+        try:
+            await breaker.acall(backend)
+        except CircuitOpen:
+            refused += 1
+            if refused == 49:
+                others_refused.set()
+            raise
+
+    results = await asyncio.gather(*(attempt() for _ in range(50)), return_exceptions=True)
     assert reached == 1
     assert sum(isinstance(r, CircuitOpen) for r in results) == 49
 
@@ -438,22 +409,6 @@ async def test_cancelled_probe_gives_its_slot_back(clock: FakeClock, rng: random
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await breaker.acall(asyncio.sleep, 0) is None
-    assert breaker.state == "closed"
-
-
-def test_hung_probe_lease_expires(clock: FakeClock, rng: random.Random) -> None:
-    """A probe that never reports blocks half-open only until its lease ends."""
-    breaker = tripped(clock, rng, probe_lease=2.0)
-    clock.advance(5.0)
-    hung = breaker.acquire()
-    assert hung.probe
-    with pytest.raises(CircuitOpen):
-        breaker.acquire()
-    clock.advance(2.0)  # lease gone: counted as a failed probe, open for 10 s
-    assert breaker.state == "open"
-    clock.advance(10.0)
-    assert breaker.call(lambda: 1) == 1
-    hung.record(failure=True)  # its late result belongs to an old generation
     assert breaker.state == "closed"
 
 

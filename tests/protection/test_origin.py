@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stormguard import BulkheadFull, ConfigError, RateLimited, RetryPolicy
-from stormguard.protection import Bulkhead, CircuitBreaker
+from stormguard.protection import Bulkhead, CircuitBreaker, Cooldown
 from stormguard.protection._origin import OriginGuards, origin_of
 from stormguard.testing import FakeClock
 
@@ -144,3 +144,121 @@ def test_guards_for_shares_defaults_process_wide() -> None:
     assert guards_for(pacing=False) is not guards_for(pacing=False)
     mine = OriginGuards()
     assert guards_for(guards=mine, breaker=False) is mine
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1/x?secret=1",
+        "http://user:pw@[::1/x?secret=1#frag",
+        "https://h.example:99999/x?secret=1",
+        "https://h.example:abc/p?secret=1",
+        "http://[zz]/?secret=1",
+        "http://[::1?secret=1",
+        "http://[::1\\x?secret=1",
+    ],
+)
+def test_origin_of_a_malformed_url_never_leaks_its_query(url: str) -> None:
+    """A malformed URL gives scheme://authority at most: no query, path or user info."""
+    origin = origin_of(url)
+    assert "secret" not in origin and "?" not in origin and "pw" not in origin
+    assert origin.startswith(("http://", "https://"))
+
+
+def _fill(guards: OriginGuards, count: int) -> None:
+    for i in range(count):
+        guards.get(f"https://o{i}.example")
+
+
+def test_guards_evict_the_least_recently_used(clock: FakeClock) -> None:
+    """A new origin past 1,024 forgets the least recently used one, not the oldest."""
+    guards = OriginGuards(clock=clock)
+    first = guards.get("https://first.example")
+    _fill(guards, 1023)
+    assert guards.get("https://first.example") is first  # used again: most recent
+    guards.get("https://new.example")
+    assert "https://first.example" in guards.origins()
+    assert "https://o0.example" not in guards.origins()
+    assert len(list(guards.origins())) == 1024
+
+
+def test_an_open_breaker_is_never_forgotten(clock: FakeClock) -> None:
+    """An origin whose breaker is open survives 1,100 other origins and stays refused."""
+    guards = OriginGuards(clock=clock, breaker={"min_calls": 1})
+    sick = guards.get("https://sick.example")
+    assert sick.breaker is not None
+    with pytest.raises(ZeroDivisionError):
+        sick.breaker.call(lambda: 1 / 0)
+    _fill(guards, 1100)
+    again = guards.get("https://sick.example")
+    assert again is sick
+    assert again.breaker is not None and again.breaker.state == "open"
+
+
+def test_a_bulkhead_with_holders_is_never_forgotten(clock: FakeClock) -> None:
+    """A bulkhead of 5 that is full stays the same object: a 6th caller is refused."""
+    guards = OriginGuards(clock=clock, bulkhead={"limit": 5, "max_wait": 0.0})
+    busy = guards.get("https://busy.example")
+    assert busy.bulkhead is not None
+    for _ in range(5):
+        busy.bulkhead.acquire()
+    _fill(guards, 1100)
+    assert guards.get("https://busy.example") is busy
+    with pytest.raises(BulkheadFull), guards.get("https://busy.example").slot(0.0):
+        pass
+
+
+def test_a_running_cooldown_keeps_its_origin(clock: FakeClock) -> None:
+    """An origin paused by a 429 hint survives eviction until the pause ends."""
+    guards = OriginGuards(clock=clock)
+    paused = guards.get("https://paused.example")
+    paused.observe(429, {"Retry-After": "60"})
+    _fill(guards, 1100)
+    assert guards.get("https://paused.example") is paused
+    clock.advance(61.0)
+    _fill(guards, 1100)  # the pause ended: now it may go
+    assert guards.get("https://paused.example") is not paused
+
+
+def test_cooldown_is_bounded(clock: FakeClock) -> None:
+    """At max_origins the least recently paused origin is forgotten; the newest is kept."""
+    cooldown = Cooldown(clock=clock, max_origins=100)
+    for i in range(10_000):
+        cooldown.pause(f"https://o{i}.example", 3600.0)
+    assert len(cooldown) <= 100
+    assert cooldown.remaining("https://o9999.example") == 3600.0
+
+
+def test_cooldown_drops_ended_pauses_as_it_goes(clock: FakeClock) -> None:
+    """80,000 short pauses over time: the map holds about the running ones, not all seen."""
+    cooldown = Cooldown(clock=clock)
+    for i in range(80_000):
+        cooldown.pause(f"https://o{i}.example", 1.0)
+        clock.advance(0.1)
+    assert len(cooldown) <= 30  # about 10 running at any time
+
+
+def test_reset_process_guards_starts_afresh() -> None:
+    """The public reset forgets the shared breakers and pauses, for adapters old and new."""
+    from stormguard.protection import process_guards, reset_process_guards
+
+    guards = process_guards()
+    guard = guards.get("https://sick.example")
+    assert guard.breaker is not None
+    guard.breaker.force_open()
+    guard.observe(429, {"Retry-After": "60"})
+    reset_process_guards()
+    assert process_guards() is guards  # same registry: adapters holding it see the reset
+    fresh = guards.get("https://sick.example")
+    assert fresh is not guard
+    assert fresh.breaker is not None and fresh.breaker.state == "closed"
+    assert fresh.cooldown_remaining() == 0.0
+
+
+def test_a_shared_open_breaker_does_not_pin_every_origin(clock: FakeClock) -> None:
+    """A ready-made breaker shared by all origins being open does not stop eviction."""
+    shared = CircuitBreaker(min_calls=1, clock=clock)
+    shared.force_open()
+    guards = OriginGuards(clock=clock, breaker=shared)
+    _fill(guards, 1100)
+    assert len(list(guards.origins())) == 1024

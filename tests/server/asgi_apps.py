@@ -95,7 +95,9 @@ def ratelimit_app() -> Any:
     from stormguard.asgi import RateLimitMiddleware, Rule
     from stormguard.stores import AsyncRedisStore
 
-    store = AsyncRedisStore(os.environ["SG_REDIS"], prefix=os.environ["SG_PREFIX"])
+    store = AsyncRedisStore(
+        os.environ["SG_REDIS"], prefix=os.environ["SG_PREFIX"], socket_timeout=5, connect_timeout=5
+    )
     rules = [Rule(os.environ.get("SG_LIMIT", "5/minute"), key="header:X-API-Key")]
     return RateLimitMiddleware(
         Counting(),
@@ -114,7 +116,8 @@ def idempotent_app() -> Any:
     url, prefix = os.environ["SG_REDIS"], os.environ["SG_PREFIX"]
     counts_in = None if os.environ.get("SG_COUNT") == "memory" else url
     app = Counting(counts_in, prefix, delay=float(os.environ.get("SG_DELAY", "0")))
-    store = AsyncRedisStore(url, prefix=prefix)
+    # Generous timeouts: 50 concurrent requests on a loaded 2-core test machine.
+    store = AsyncRedisStore(url, prefix=prefix, socket_timeout=5, connect_timeout=5)
     return IdempotencyMiddleware(app, store=store, scope="header:X-API-Key")
 
 
@@ -138,7 +141,7 @@ def websocket_app() -> Any:
 
     limits = WebSocketLimits(
         connections_per_client=2,
-        messages_per_second=1,
+        messages_per_second=0.05,  # 3 at once, then one per 20 s: no refill during a test
         burst=3,
         on_message_limit=os.environ.get("SG_ON_LIMIT", "close"),  # type: ignore[arg-type]
     )

@@ -251,3 +251,40 @@ async def test_lifespan_passes_through() -> None:
 
     await RateLimitMiddleware(app, [Rule("1/s", key="global")])({"type": "lifespan"}, None, None)
     assert seen == ["lifespan"]
+
+
+async def test_first_present_key_of_a_list() -> None:
+    """key=[header, ip]: the API key when sent, else the address."""
+    app = RateLimitMiddleware(Counting(), [Rule("1/minute", key=["header:X-API-Key", "ip"])])
+    async with client(app) as c:
+        keyed = [(await c.get("/", headers={"X-API-Key": "a"})).status_code for _ in range(2)]
+        by_ip = [(await c.get("/")).status_code for _ in range(2)]
+    assert keyed == [200, 429] and by_ip == [200, 429]
+
+
+async def test_store_opened_from_a_url_is_closed_at_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store the middleware opened itself is closed before lifespan shutdown completes."""
+    from stormguard.stores import MemoryStore
+
+    closed: list[str] = []
+
+    async def aclose(self: MemoryStore) -> None:
+        closed.append("store")
+
+    monkeypatch.setattr(MemoryStore, "aclose", aclose)
+    app = RateLimitMiddleware(Counting(), [Rule("1/s")], store="memory://")
+    messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[str] = []
+
+    async def receive() -> dict[str, str]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, str]) -> None:
+        sent.append(message["type"])
+        if message["type"] == "lifespan.shutdown.complete":
+            assert closed == ["store"]
+
+    await app({"type": "lifespan"}, receive, send)
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]

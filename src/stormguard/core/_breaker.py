@@ -36,9 +36,10 @@
 # lease already expired, changes nothing.
 #
 # Time-based window: `buckets` buckets of window/buckets seconds in a ring, with
-# running totals; a call touches one bucket, clearing the ones it skipped (at most
-# `buckets`, so O(1)). Count-based window: a ring buffer of the last `window`
-# outcomes with a running failure count.
+# running totals (core/_window.py, shared with the retry budget); a call touches
+# one bucket, clearing the ones it skipped (at most `buckets`, so O(1)).
+# Count-based window: a ring buffer of the last `window` outcomes with a running
+# failure count.
 #
 # An illegal transition (a table miss) raises IllegalTransition and changes nothing.
 from __future__ import annotations
@@ -47,6 +48,9 @@ import math
 import random
 from dataclasses import dataclass
 from typing import Final, Literal
+
+from .._errors import ConfigError
+from ._window import RingWindow
 
 __all__ = [
     "CLOSED",
@@ -87,13 +91,13 @@ class IllegalTransition(RuntimeError):
     """An event that the transition table does not allow in the current state."""
 
 
-def _number(value: object) -> float:
+def _number(value: object, field: str) -> float:
     # Accept float | int | timedelta for durations, normalised once.
     total_seconds = getattr(value, "total_seconds", None)
     if total_seconds is not None:
         return float(total_seconds())
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"expected seconds, got {value!r}")
+        raise ConfigError(field, f"expected a number of seconds, got {value!r}")
     return float(value)
 
 
@@ -115,9 +119,12 @@ class BreakerConfig:
 
     def __post_init__(self) -> None:
         for name in ("window", "open_for", "open_for_max", "probe_lease", "failure_rate"):
-            object.__setattr__(self, name, _number(getattr(self, name)))
+            object.__setattr__(self, name, _number(getattr(self, name), name))
         if self.slow_call is not None:
-            object.__setattr__(self, "slow_call", _number(self.slow_call))
+            object.__setattr__(self, "slow_call", _number(self.slow_call, "slow_call"))
+        for name in ("min_calls", "buckets", "half_open_probes"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool), name, "an integer")
         _check(0.0 < self.failure_rate <= 1.0, "failure_rate", "must be in (0, 1]")
         _check(self.min_calls >= 1, "min_calls", "must be >= 1")
         _check(self.window_kind in ("time", "count"), "window_kind", "'time' or 'count'")
@@ -140,8 +147,7 @@ class BreakerConfig:
 
 def _check(ok: bool, field: str, message: str) -> None:
     if not ok:
-        # ValueError here; the runtime maps it to ConfigError (core imports nothing).
-        raise ValueError(f"{field}: {message}")
+        raise ConfigError(field, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,26 +170,21 @@ class BreakerCore:
 
     __slots__ = (
         "_admit_closed",
-        "_bucket_end",
-        "_calls",
-        "_calls_total",
+        "_count_calls",
+        "_count_fails",
+        "_count_n",
         "_fail_ring",
-        "_fails",
-        "_fails_total",
         "_forced",
-        "_idx",
-        "_inv_width",
-        "_j",
         "_jitter_pending",
         "_leases",
         "_min_calls",
-        "_n_buckets",
         "_open_until",
         "_opened_for",
         "_pos",
         "_probes_admitted",
         "_probes_succeeded",
         "_rate",
+        "_ring",
         "_slow",
         "_state",
         "closed_admission",
@@ -248,33 +249,39 @@ class BreakerCore:
         self.closed_admission: Admission | None = self._admit_closed
         self._min_calls = config.min_calls
         self._rate = config.failure_rate
+        # Time window: a ring of buckets (a = calls, b = failures). Count window: a
+        # ring buffer of the last `window` outcomes with running counts.
+        self._ring: RingWindow | None = None
+        self._count_n = 0
         if config.window_kind == "time":
-            self._n_buckets = config.buckets
-            self._inv_width = config.buckets / config.window
+            self._ring = RingWindow(config.window, config.buckets)
         else:
-            self._n_buckets = int(config.window)
-            self._inv_width = 0.0
+            self._count_n = int(config.window)
         self._clear_window()
 
     def _clear_window(self) -> None:
-        self._calls = [0] * self._n_buckets
-        self._fails = [0] * self._n_buckets
-        self._fail_ring = [False] * self._n_buckets
-        self._calls_total = 0
-        self._fails_total = 0
-        self._idx = -1  # time window: absolute bucket number of the newest bucket
-        self._j = 0  # its slot in the ring
-        self._bucket_end = -math.inf  # when the newest bucket ends (count window: never)
+        if self._ring is not None:
+            self._ring.clear()
+        self._fail_ring = [False] * self._count_n
+        self._count_calls = 0
+        self._count_fails = 0
         self._pos = 0  # count window: next slot in the ring
         self.quiet_until = -math.inf
+
+    def _totals(self) -> tuple[int, int]:
+        ring = self._ring
+        if ring is not None:
+            return ring.a_total, ring.b_total
+        return self._count_calls, self._count_fails
 
     def _quiet(self) -> None:
         # `quiet_until`: until then, a success of the current closed admission needs
         # no decision, only counting in the newest bucket: closed, no failure in
         # the window (so a success cannot trip it), time window. The runtime reads
         # it without a lock to batch successes (see add_successes).
-        if self._state == CLOSED and not self._fails_total and self._inv_width:
-            self.quiet_until = self._bucket_end
+        ring = self._ring
+        if self._state == CLOSED and ring is not None and not ring.b_total:
+            self.quiet_until = ring.bucket_end
         else:
             self.quiet_until = -math.inf
 
@@ -360,8 +367,10 @@ class BreakerCore:
             and (self._slow is None or duration < self._slow)
         ):
             # Closed, current generation, same bucket: one counter each.
-            self._calls[self._j] += 1
-            self._calls_total += 1
+            ring = self._ring
+            assert ring is not None  # quiet_until is finite only with a time window
+            ring.a[ring.j] += 1
+            ring.a_total += 1
             return
         if self._state != CLOSED:
             self._advance(now)  # an expired lease moves on first: its result is stale
@@ -372,11 +381,8 @@ class BreakerCore:
             failure = True
         if self._state == CLOSED:
             self._count(now, failure)
-            if (
-                self._fails_total
-                and self._calls_total >= self._min_calls
-                and self._fails_total >= self._rate * self._calls_total
-            ):
+            calls, fails = self._totals()
+            if fails and calls >= self._min_calls and fails >= self._rate * calls:
                 self._fire("trip", now)
             return
         if (
@@ -406,59 +412,36 @@ class BreakerCore:
             self._leases.remove(admission.lease_until)
             self._probes_admitted -= 1
 
-    def _roll(self, now: float) -> None:
-        # Time window: make the bucket of `now` the newest, clearing the buckets
-        # skipped since (at most n, so O(1)).
-        idx = int(now * self._inv_width)
-        last = self._idx
-        if idx > last:
-            n = self._n_buckets
-            calls, fails = self._calls, self._fails
-            for i in range(max(last + 1, idx - n + 1), idx + 1):
-                j = i % n
-                self._calls_total -= calls[j]
-                self._fails_total -= fails[j]
-                calls[j] = 0
-                fails[j] = 0
-            self._idx = idx
-            self._j = idx % n
-            self._bucket_end = (idx + 1) / self._inv_width
-            self._quiet()
-        # else: same bucket, or the clock went backwards: the newest bucket counts it
-
     def add_successes(self, count: int) -> None:
         """Count ``count`` successes in the newest bucket, if still closed and quiet.
 
         The runtime's batched fast path: successes observed before ``quiet_until``
         with the current closed admission, counted later under its lock.
         """
-        if self._state == CLOSED and self._inv_width:
-            self._calls[self._j] += count
-            self._calls_total += count
+        ring = self._ring
+        if self._state == CLOSED and ring is not None:
+            ring.a[ring.j] += count
+            ring.a_total += count
 
     def _count(self, now: float, failure: bool) -> None:
-        if self._inv_width:
-            if now >= self._bucket_end:
-                self._roll(now)
-            j = self._j
-            self._calls[j] += 1
-            self._calls_total += 1
+        ring = self._ring
+        if ring is not None:
+            if now >= ring.bucket_end and ring.roll(now):
+                self._quiet()
+            ring.add(now, 1, 1 if failure else 0)
             if failure:
-                self._fails[j] += 1
-                self._fails_total += 1
                 self.quiet_until = -math.inf
+            return
+        slots, pos = self._fail_ring, self._pos
+        if self._count_calls == self._count_n:
+            if slots[pos]:
+                self._count_fails -= 1
         else:
-            ring = self._fail_ring
-            pos = self._pos
-            if self._calls_total == self._n_buckets:
-                if ring[pos]:
-                    self._fails_total -= 1
-            else:
-                self._calls_total += 1
-            ring[pos] = failure
-            if failure:
-                self._fails_total += 1
-            self._pos = (pos + 1) % self._n_buckets
+            self._count_calls += 1
+        slots[pos] = failure
+        if failure:
+            self._count_fails += 1
+        self._pos = (pos + 1) % self._count_n
 
     def state(self, now: float) -> BreakerState:
         """The state at ``now`` (applies the transitions due by time alone)."""
@@ -474,9 +457,10 @@ class BreakerCore:
 
     def window_counts(self, now: float) -> tuple[int, int]:
         """(calls, failures) currently in the window."""
-        if self._inv_width and self._idx >= 0 and now >= self._bucket_end:
-            self._roll(now)  # age the window without recording anything
-        return self._calls_total, self._fails_total
+        ring = self._ring
+        if ring is not None and ring.idx >= 0 and now >= ring.bucket_end and ring.roll(now):
+            self._quiet()  # aged without recording anything
+        return self._totals()
 
     @property
     def forced(self) -> bool:

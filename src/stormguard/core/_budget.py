@@ -12,100 +12,69 @@
 # the reserve, whatever the number of attempts the policy allows.
 #
 # The window is `buckets` buckets in a ring with running totals: O(1) per call.
-# Never reads the clock: every method takes `now`.
+# Never reads the clock: every method takes `now`. Invalid settings raise ConfigError.
 from __future__ import annotations
 
 import math
 
+from .._errors import ConfigError
+from ._window import RingWindow
+
 __all__ = ["RetryBudgetCore"]
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class RetryBudgetCore:
     """Retry admission from first attempts and retries in a sliding window."""
 
-    __slots__ = (
-        "_bucket_end",
-        "_idx",
-        "_inv_width",
-        "_j",
-        "_n",
-        "_requests",
-        "_requests_total",
-        "_retries",
-        "_retries_total",
-        "min_per_second",
-        "ratio",
-        "reserve",
-        "window",
-    )
+    __slots__ = ("_ring", "min_per_second", "ratio", "reserve", "window")
 
     def __init__(
         self, *, ratio: float, min_per_second: float, window: float, buckets: int = 10
     ) -> None:
-        if not (0.0 <= ratio <= 1000.0) or math.isnan(ratio):
-            raise ValueError("ratio: must be in [0, 1000]")
-        if not (min_per_second >= 0.0) or math.isinf(min_per_second):
-            raise ValueError("min_per_second: must be >= 0")
-        if not (window > 0.0) or math.isinf(window):
-            raise ValueError("window: must be > 0")
-        if buckets < 1:
-            raise ValueError("buckets: must be >= 1")
+        if not _real(ratio) or not 0.0 <= ratio <= 1000.0:
+            raise ConfigError("ratio", f"must be in [0, 1000], got {ratio!r}")
+        if not _real(min_per_second) or not 0.0 <= min_per_second < math.inf:
+            raise ConfigError("min_per_second", f"must be >= 0 and finite, got {min_per_second!r}")
+        if not _real(window) or not 0.0 < window < math.inf:
+            raise ConfigError("window", f"must be > 0 seconds and finite, got {window!r}")
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+            raise ConfigError("buckets", "must be an integer >= 1")
         self.ratio = float(ratio)
         self.min_per_second = float(min_per_second)
         self.window = float(window)
         self.reserve = self.min_per_second * self.window
-        self._n = buckets
-        self._inv_width = buckets / self.window
-        self._requests = [0] * buckets
-        self._retries = [0] * buckets
-        self._requests_total = 0
-        self._retries_total = 0
-        self._idx = -1
-        self._j = 0
-        self._bucket_end = -math.inf
-
-    def _roll(self, now: float) -> int:
-        if now < self._bucket_end:
-            return self._j
-        idx = int(now * self._inv_width)
-        last = self._idx
-        if idx > last:
-            n = self._n
-            requests, retries = self._requests, self._retries
-            for i in range(max(last + 1, idx - n + 1), idx + 1):
-                j = i % n
-                self._requests_total -= requests[j]
-                self._retries_total -= retries[j]
-                requests[j] = 0
-                retries[j] = 0
-            self._idx = idx
-            self._j = idx % n
-            self._bucket_end = (idx + 1) / self._inv_width
-        return self._j  # same bucket, or the clock went backwards
+        self._ring = RingWindow(self.window, buckets)  # a = first attempts, b = retries
 
     def record_request(self, now: float) -> None:
         """Deposit: one first attempt was sent at ``now``."""
-        if now < self._bucket_end:
-            self._requests[self._j] += 1
-        else:
-            self._requests[self._roll(now)] += 1
-        self._requests_total += 1
+        ring = self._ring
+        if now >= ring.bucket_end:
+            ring.roll(now)
+        ring.a[ring.j] += 1
+        ring.a_total += 1
 
     def try_retry(self, now: float) -> bool:
         """Withdraw one retry if the budget allows it at ``now``; False otherwise."""
-        j = self._roll(now)
-        if self._retries_total + 1 > self.ratio * self._requests_total + self.reserve:
+        ring = self._ring
+        ring.roll(now)
+        if ring.b_total + 1 > self.ratio * ring.a_total + self.reserve:
             return False
-        self._retries[j] += 1
-        self._retries_total += 1
+        ring.b[ring.j] += 1
+        ring.b_total += 1
         return True
 
     def balance(self, now: float) -> float:
         """Retries still allowed in the window at ``now`` (may be fractional)."""
-        self._roll(now)
-        return self.ratio * self._requests_total + self.reserve - self._retries_total
+        ring = self._ring
+        ring.roll(now)
+        return self.ratio * ring.a_total + self.reserve - ring.b_total
 
     def counts(self, now: float) -> tuple[int, int]:
         """(first attempts, retries) currently in the window."""
-        self._roll(now)
-        return self._requests_total, self._retries_total
+        ring = self._ring
+        ring.roll(now)
+        return ring.a_total, ring.b_total

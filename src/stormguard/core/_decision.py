@@ -15,6 +15,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from .._errors import ConfigError
+
 __all__ = ["Decision", "combine"]
 
 
@@ -92,7 +94,7 @@ def combine(parts: Sequence[Decision]) -> Decision:
     if len(parts) == 1:
         return parts[0]
     if not parts:
-        raise ValueError("combine() needs at least one decision")
+        raise ConfigError("parts", "combine() needs at least one decision")
     denied = [p for p in parts if not p.allowed]
     if denied:
         binding = max(denied, key=lambda p: p.retry_after)

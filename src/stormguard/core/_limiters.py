@@ -40,6 +40,7 @@ __all__ = [
     "SlidingWindowCounter",
     "SlidingWindowLog",
     "TokenBucket",
+    "check_cost",
     "combine",
     "decide_group",
     "make_decision",
@@ -443,6 +444,13 @@ def make_decision(algorithm: Algorithm, name: str, outcome: Outcome, lease: str 
         algorithm.window,
         lease if lease and allowed else None,
     )
+
+
+def check_cost(cost: float) -> float:
+    """``cost`` as a float; ConfigError unless it is >= 0 and finite."""
+    if not 0 <= cost < math.inf:  # NaN fails the comparison too
+        raise ConfigError("cost", f"must be >= 0 and finite, got {cost!r}")
+    return float(cost)
 
 
 def outage_decision(request: LimitRequest, allowed: bool, retry_after: float) -> Decision:

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .._errors import ConfigError
+
 __all__ = ["PaceSlot", "PacerCore", "QuotaLike"]
 
 
@@ -51,16 +53,20 @@ class PaceSlot:
     reset_at: float  # pacing ends here: the quota refills
 
 
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 class PacerCore:
     """Per-quota-name pacing decisions. Not thread-safe; never reads time."""
 
     __slots__ = ("max_wait", "pools", "threshold")
 
     def __init__(self, *, threshold: float = 0.1, max_wait: float = 3600.0) -> None:
-        if not 0.0 < threshold <= 1.0:
-            raise ValueError("threshold: must be in (0, 1]")
-        if not max_wait >= 0.0:
-            raise ValueError("max_wait: must be >= 0")
+        if not _real(threshold) or not 0.0 < threshold <= 1.0:
+            raise ConfigError("threshold", f"must be in (0, 1], got {threshold!r}")
+        if not _real(max_wait) or not max_wait >= 0.0:
+            raise ConfigError("max_wait", f"must be >= 0 seconds, got {max_wait!r}")
         self.threshold = threshold
         self.max_wait = max_wait
         self.pools: dict[str, PaceSlot] = {}

@@ -10,7 +10,7 @@ from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
-from ._origin import OriginGuard, OriginGuards, origin_of, process_guards
+from ._origin import OriginGuard, OriginGuards, origin_of, process_guards, reset_process_guards
 from ._pacer import Pacer
 from ._permit import BreakerEvent, Permit
 
@@ -26,4 +26,5 @@ __all__ = [
     "RetryBudget",
     "origin_of",
     "process_guards",
+    "reset_process_guards",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import random
 import threading
 import time
@@ -32,11 +33,13 @@ from types import CoroutineType, TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._errors import CircuitOpen, ConfigError, StoreError
+from .._errors import CircuitOpen, ConfigError
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
+from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
+from ..stores._memory import MemoryStore
 from ._breaker_store import BreakerStore, RemoteAdmission
-from ._permit import BreakerEvent, EventKind, Listener, Permit
-from ._shared import Shared, logger
+from ._memory_cells import memory_cell
+from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
 
 __all__ = ["CircuitBreaker"]
 
@@ -47,12 +50,6 @@ T = TypeVar("T")
 def default_is_failure(exc: BaseException) -> bool:
     """Every Exception counts as a failure."""
     return isinstance(exc, Exception)
-
-
-def config_error(exc: ValueError) -> ConfigError:
-    """Map a core validation ValueError ("field: message") to ConfigError."""
-    field, _, message = str(exc).partition(": ")
-    return ConfigError(field, message or str(exc))
 
 
 _RNG = random.Random()
@@ -84,7 +81,16 @@ class CircuitBreaker:
     With ``store=RedisStore(url)`` and a ``name``, every process using that name
     shares one breaker (Redis server time, one Lua script per transition); while
     the store is unreachable the breaker decides locally, logs it and tells the
-    ``listeners``, and rejoins when the store answers.
+    ``listeners``, and rejoins when the store answers (``stats`` counts it). A
+    shared breaker keeps a near cache of the shared state: for ``staleness``
+    seconds (default 0.1) after reading it, a closed breaker admits calls and
+    counts their successes without a round trip (sent as one batch; a failure is
+    sent at once) and an open one refuses locally; half-open probes are always
+    handed out by the store, so ``half_open_probes`` holds across the fleet.
+    Another process sees a trip at most ``staleness`` seconds late;
+    ``staleness=0`` asks the store on every call. With
+    ``store=MemoryStore()`` the breakers of one name on that store share one state
+    in this process.
     """
 
     __slots__ = (
@@ -92,6 +98,7 @@ class CircuitBreaker:
         "_clock",
         "_config",
         "_core",
+        "_health",
         "_is_failure",
         "_last_gen",
         "_last_state",
@@ -99,8 +106,8 @@ class CircuitBreaker:
         "_lock",
         "_monotonic",
         "_pending",
+        "_reports",
         "_rng",
-        "_shared",
         "_slow",
         "_store",
         "name",
@@ -127,29 +134,35 @@ class CircuitBreaker:
         probe_lease: float = 30.0,
         jitter: float = 0.1,
         store_retry: float = 1.0,
+        staleness: float = 0.1,
     ) -> None:
-        try:
-            config = BreakerConfig(
-                failure_rate=failure_rate,
-                min_calls=min_calls,
-                window=window,
-                window_kind=window_kind,
-                buckets=buckets,
-                open_for=open_for,
-                open_for_max=open_for_max,
-                half_open_probes=half_open_probes,
-                probe_lease=probe_lease,
-                slow_call=slow_call,
-                jitter=jitter,
-            )
-        except ValueError as exc:
-            raise config_error(exc) from None
+        config = BreakerConfig(
+            failure_rate=failure_rate,
+            min_calls=min_calls,
+            window=window,
+            window_kind=window_kind,
+            buckets=buckets,
+            open_for=open_for,
+            open_for_max=open_for_max,
+            half_open_probes=half_open_probes,
+            probe_lease=probe_lease,
+            slow_call=slow_call,
+            jitter=jitter,
+        )
+        if (
+            isinstance(staleness, bool)
+            or not isinstance(staleness, int | float)
+            or not (0.0 <= staleness < math.inf)
+        ):
+            raise ConfigError("staleness", f"must be >= 0 seconds, got {staleness!r}")
         if not callable(is_failure):
             raise ConfigError("is_failure", "must be a callable(exception) -> bool")
         self._config = config
         self._core = BreakerCore.from_config(config)
         self._lock = threading.Lock()
         self._pending: list[int] = []
+        # What a Permit reports back through (bound once, not per permit).
+        self._reports: tuple[Report, AReport] = (self._record, self._arecord)
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._monotonic: Callable[[], float] = (
             time.monotonic if self._clock is SYSTEM_CLOCK else self._clock.monotonic
@@ -161,19 +174,24 @@ class CircuitBreaker:
         self.name = name
         self._last_state: BreakerState = "closed"
         self._last_gen = 0
-        self._shared: Shared | None = None
+        self._health = StoreHealth(
+            f"circuit breaker {name!r}",
+            clock=self._clock,
+            retry_after=store_retry,
+            on_change=self._store_changed,
+        )
         self._store: BreakerStore | None = None
         if store is not None:
             if not name:
                 raise ConfigError("name", "a breaker shared through a store needs a name")
-            self._shared = Shared(
-                store,
-                label=f"circuit breaker {name!r}",
-                clock=self._clock,
-                retry_after=store_retry,
-                on_change=self._store_changed,
-            )
-            self._store = BreakerStore(self._shared, name, config, self._rng)
+            if isinstance(store, MemoryStore):
+                # Same name, same MemoryStore: one core, as on Redis (first settings win).
+                self._core, self._lock, self._pending = memory_cell(
+                    store, "breaker", name, lambda: (self._core, self._lock, self._pending)
+                )
+            else:
+                scripts = ScriptStore(store, self._health.label)
+                self._store = BreakerStore(scripts, name, config, self._rng, float(staleness))
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker {self.name or hex(id(self))} {self._last_state}>"
@@ -187,35 +205,24 @@ class CircuitBreaker:
 
     def acquire(self) -> Permit:
         """Ask to run one call; raises :class:`CircuitOpen` when refused."""
-        shared = self._shared
-        if shared is None:
+        store = self._store
+        if store is None:
             admission = self._core.closed_admission
             if admission is not None:
-                return Permit(self, admission, self._monotonic())
-        if shared is not None and shared.usable():
-            assert self._store is not None
-            try:
-                reply = self._store.acquire()
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return self._remote_permit(reply)
-        return self._local_acquire()
+                return Permit(admission, self._monotonic(), self._reports)
+            return self._local_acquire()
+        now = self._monotonic()
+        reply = self._health.call(lambda: store.admit(now), _no_reply)
+        return self._local_acquire() if reply is None else self._remote_permit(reply, now)
 
     async def aacquire(self) -> Permit:
         """Async twin of :meth:`acquire` (awaits the store when it is shared)."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            assert self._store is not None
-            try:
-                reply = await self._store.aacquire()
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return self._remote_permit(reply)
-        return self._local_acquire()
+        store = self._store
+        if store is None:
+            return self.acquire()
+        now = self._monotonic()
+        reply = await self._health.acall(lambda: store.aadmit(now), _no_reply)
+        return self._local_acquire() if reply is None else self._remote_permit(reply, now)
 
     def _local_acquire(self) -> Permit:
         now = self._monotonic()
@@ -232,38 +239,46 @@ class CircuitBreaker:
             self._note_local_change()
         if not admission.allowed:
             raise CircuitOpen(self.name, admission.remaining)
-        return Permit(self, admission, now)
+        return Permit(admission, now, self._reports)
 
-    def _remote_permit(self, reply: RemoteAdmission) -> Permit:
-        self._observe_remote(reply.state)
+    def _remote_permit(self, reply: RemoteAdmission, now: float) -> Permit:
+        if reply.state != self._last_state:
+            self._observe_remote(reply.state)
         if not reply.allowed:
             raise CircuitOpen(self.name, reply.remaining)
         admission = Admission(True, reply.probe, reply.generation)
-        return Permit(self, admission, self._monotonic(), True, reply.lease_id)
+        return Permit(admission, now, self._reports, True, reply.lease_id)
 
     # -- outcomes --------------------------------------------------------------------
 
-    def _record(self, permit: Permit, failure: bool, outcome: str) -> None:
+    def _record(self, permit: Permit, outcome: Outcome) -> None:
         now = self._monotonic()
-        if permit._remote:
-            assert self._shared is not None and self._store is not None
-            adm = permit._admission
-            try:
-                state, _ = self._store.record(
-                    adm.generation, adm.probe, permit._lease_id, self._judged(permit, now, outcome)
-                )
-            except StoreError as exc:
-                self._shared.failed(exc)  # the outcome is lost; the local core decides now
+        if permit.remote:
+            store = self._store
+            assert store is not None
+            adm, verdict = permit.admission, self._judged(permit, now, outcome)
+            if store.staleness and not adm.probe:
+                # A closed call admitted on the near cache: counted for the next batch.
+                if verdict == "release" or not store.batched(
+                    adm.generation, verdict == "fail", now
+                ):
+                    return
+                ask: Callable[[], Any] = lambda: store.refresh(now)  # noqa: E731
             else:
-                self._observe_remote(state)
+                ask = lambda: store.record(adm.generation, adm.probe, permit.lease_id, verdict)  # noqa: E731
+            # On a store failure the outcome is lost; the local core decides from now.
+            reply = self._health.call(ask, _no_reply)
+            if reply is not None:
+                self._observe_remote(_state_of(reply))
             return
-        admission = permit._admission
+        admission = permit.admission
         if outcome == "release":
             with self._lock:
                 self._drain()
                 self._core.release(now, admission)
             return
         core = self._core
+        failure = outcome == "fail"
         if (
             not failure
             and now < core.quiet_until
@@ -278,23 +293,25 @@ class CircuitBreaker:
             return
         self._outcome(admission, permit.started, failure, now)
 
-    async def _arecord(self, permit: Permit, failure: bool, outcome: str) -> None:
-        if not permit._remote:
-            self._record(permit, failure, outcome)
+    async def _arecord(self, permit: Permit, outcome: Outcome) -> None:
+        if not permit.remote:
+            self._record(permit, outcome)
             return
-        assert self._shared is not None and self._store is not None
+        store = self._store
+        assert store is not None
         now = self._monotonic()
-        adm = permit._admission
-        try:
-            state, _ = await self._store.arecord(
-                adm.generation, adm.probe, permit._lease_id, self._judged(permit, now, outcome)
-            )
-        except StoreError as exc:
-            self._shared.failed(exc)
+        adm, verdict = permit.admission, self._judged(permit, now, outcome)
+        if store.staleness and not adm.probe:
+            if verdict == "release" or not store.batched(adm.generation, verdict == "fail", now):
+                return
+            ask: Callable[[], Awaitable[Any]] = lambda: store.arefresh(now)  # noqa: E731
         else:
-            self._observe_remote(state)
+            ask = lambda: store.arecord(adm.generation, adm.probe, permit.lease_id, verdict)  # noqa: E731
+        reply = await self._health.acall(ask, _no_reply)
+        if reply is not None:
+            self._observe_remote(_state_of(reply))
 
-    def _judged(self, permit: Permit, now: float, outcome: str) -> str:
+    def _judged(self, permit: Permit, now: float, outcome: Outcome) -> Outcome:
         # The store's scripts get the verdict; slow_call is judged here, on our clock.
         slow = self._slow
         if outcome == "ok" and slow is not None and now - permit.started >= slow:
@@ -306,7 +323,7 @@ class CircuitBreaker:
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` if the breaker admits it; raises CircuitOpen."""
         core = self._core
-        admission = core.closed_admission if self._shared is None else None
+        admission = core.closed_admission if self._store is None else None
         if admission is None:
             return self._call_permit(fn, *args, **kwargs)
         # Fast path, local and closed: admission is one atomic read (no lock).
@@ -488,7 +505,7 @@ class CircuitBreaker:
         than the wait, the call ends now ("circuit open") instead of sleeping into
         a refusal.
         """
-        if self._shared is None and self._core.closed_admission is not None:
+        if self._store is None and self._core.closed_admission is not None:
             return 0.0  # closed: one atomic read, no lock
         reply = self._peek()
         return self._local_remaining() if reply is None else self._remote_remaining(reply)
@@ -501,34 +518,22 @@ class CircuitBreaker:
     def _remote_remaining(self, reply: Any) -> float:
         return reply.remaining if self._observe_remote(reply.state) == "open" else 0.0
 
-    def _peek(self) -> Any:
+    def _peek(self) -> RemoteAdmission | None:
         """The shared state without taking a slot; None when not shared (from sync
         code) or when the store failed (the breaker then decides locally)."""
-        shared = self._shared
-        if shared is None or shared.is_async or not shared.usable():
+        store = self._store
+        if store is None or store.shared.is_async:
             return None
-        assert self._store is not None
-        try:
-            reply = self._store.acquire(peek=True)
-        except StoreError as exc:
-            shared.failed(exc)
-            return None
-        shared.succeeded()
-        return reply
+        now = self._monotonic()
+        return self._health.call(lambda: store.peek(now), _no_reply)
 
-    async def _apeek(self) -> Any:
+    async def _apeek(self) -> RemoteAdmission | None:
         """Async twin of :meth:`_peek` (works with sync and async stores)."""
-        shared = self._shared
-        if shared is None or not shared.usable():
+        store = self._store
+        if store is None:
             return None
-        assert self._store is not None
-        try:
-            reply = await self._store.aacquire(peek=True)
-        except StoreError as exc:
-            shared.failed(exc)
-            return None
-        shared.succeeded()
-        return reply
+        now = self._monotonic()
+        return await self._health.acall(lambda: store.apeek(now), _no_reply)
 
     def _locally(self, read: Callable[[float], T]) -> T:
         # Read this process's own core under the lock; announce a state change after.
@@ -544,6 +549,17 @@ class CircuitBreaker:
     def _local_remaining(self) -> float:
         return self._locally(self._core.remaining)
 
+    @property
+    def last_state(self) -> BreakerState:
+        """The state as this object last knew it, without asking a store.
+
+        Its own core's state when it is not shared (or its store is down); else
+        the state the store last answered.
+        """
+        if self._store is None or self._health.degraded:
+            return self.local_state()
+        return self._last_state
+
     def local_state(self) -> BreakerState:
         """The state of this process's own core (what it decides by when degraded)."""
         return self._locally(self._core.state)
@@ -551,7 +567,12 @@ class CircuitBreaker:
     @property
     def degraded(self) -> bool:
         """True while a shared breaker decides locally because its store failed."""
-        return self._shared is not None and self._shared.degraded
+        return self._store is not None and self._health.degraded
+
+    @property
+    def stats(self) -> OutageStats:
+        """What this breaker saw of its store's outages."""
+        return self._health.stats
 
     def force_open(self) -> None:
         """Refuse every call until :meth:`reset` (in every process when shared)."""
@@ -571,28 +592,16 @@ class CircuitBreaker:
 
     def _admin(self, script: str, local: Callable[[float], None]) -> None:
         self._admin_local(local)
-        shared = self._shared
-        if shared is not None and not shared.is_async:
-            assert self._store is not None
-            try:
-                state, _ = self._store.admin(script)
-            except StoreError as exc:
-                shared.failed(exc)
-                raise
-            shared.succeeded()
+        store = self._store
+        if store is not None and not store.shared.is_async:
+            state, _ = self._health.require(lambda: store.admin(script))
             self._observe_remote(state)
 
     async def _aadmin(self, script: str, local: Callable[[float], None]) -> None:
         self._admin_local(local)
-        shared = self._shared
-        if shared is not None:
-            assert self._store is not None
-            try:
-                state, _ = await self._store.aadmin(script)
-            except StoreError as exc:
-                shared.failed(exc)
-                raise
-            shared.succeeded()
+        store = self._store
+        if store is not None:
+            state, _ = await self._health.arequire(lambda: store.aadmin(script))
             self._observe_remote(state)
 
     def _admin_local(self, local: Callable[[float], None]) -> None:
@@ -643,6 +652,15 @@ class CircuitBreaker:
                 listener(event)
             except Exception:
                 logger.exception("circuit breaker listener %r failed", listener)
+
+
+def _state_of(reply: RemoteAdmission | tuple[str, int]) -> str:
+    return reply.state if isinstance(reply, RemoteAdmission) else reply[0]
+
+
+def _no_reply() -> None:
+    # The local answer of a store call: "no shared reply, decide with the local core".
+    return None
 
 
 def _coroutine_error(fn: Callable[..., Any]) -> TypeError:

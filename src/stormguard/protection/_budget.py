@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._errors import ConfigError, StoreError
+from .._errors import ConfigError
 from ..core._budget import RetryBudgetCore
-from ._shared import Shared
+from ..stores._fallback import OutageStats, ScriptStore, StoreHealth
+from ..stores._memory import MemoryStore
+from ._memory_cells import memory_cell
 
 __all__ = ["RetryBudget"]
 
@@ -31,17 +33,19 @@ class RetryBudget:
     :meth:`try_retry` before every retry (``RetryPolicy(budget=...)`` and the HTTP
     adapters do both). Thread-safe; ``arecord_request``/``atry_retry`` are the
     async twins. With ``store=RedisStore(url)`` and a ``name`` the counters are
-    shared by every process.
+    shared by every process (``store=MemoryStore()``: by every budget of that name
+    on that store, in this process).
     """
 
     __slots__ = (
         "_core",
+        "_health",
         "_key",
         "_lock",
         "_monotonic",
         "_request_args",
         "_retry_args",
-        "_shared",
+        "_scripts",
         "name",
     )
 
@@ -57,20 +61,19 @@ class RetryBudget:
         buckets: int = 10,
         store_retry: float = 1.0,
     ) -> None:
-        try:
-            self._core = RetryBudgetCore(
-                ratio=ratio, min_per_second=min_per_second, window=window, buckets=buckets
-            )
-        except (ValueError, TypeError) as exc:
-            field, _, message = str(exc).partition(": ")
-            raise ConfigError(field, message or str(exc)) from None
+        self._core = RetryBudgetCore(
+            ratio=ratio, min_per_second=min_per_second, window=window, buckets=buckets
+        )
         the_clock = clock or SYSTEM_CLOCK
         self._monotonic: Callable[[], float] = (
             time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
         )
         self._lock = threading.Lock()
         self.name = name
-        self._shared: Shared | None = None
+        self._scripts: ScriptStore | None = None
+        self._health = StoreHealth(
+            f"retry budget {name!r}", clock=the_clock, retry_after=store_retry
+        )
         self._key = ""
         args = [repr(float(ratio)), repr(self._core.reserve), repr(float(window)), buckets]
         # One script (stores/lua/budget.lua), the operation as its last argument.
@@ -79,10 +82,14 @@ class RetryBudget:
         if store is not None:
             if not name:
                 raise ConfigError("name", "a budget shared through a store needs a name")
-            self._shared = Shared(
-                store, label=f"retry budget {name!r}", clock=the_clock, retry_after=store_retry
-            )
-            self._key = self._shared.key("budget", name)
+            if isinstance(store, MemoryStore):
+                # Same name, same MemoryStore: one set of counters (first settings win).
+                self._core, self._lock = memory_cell(
+                    store, "budget", name, lambda: (self._core, self._lock)
+                )
+                return
+            self._scripts = ScriptStore(store, self._health.label)
+            self._key = self._scripts.key("budget", name)
 
     def __repr__(self) -> str:
         core = self._core
@@ -93,15 +100,47 @@ class RetryBudget:
 
     def record_request(self) -> None:
         """Count one first attempt (deposits ``ratio`` of a retry)."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            try:
-                shared.run("budget", [self._key], self._request_args)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return
+        if self._scripts is None:
+            self._local_request()
+        else:
+            self._health.call(self._remote_request, self._local_request)
+
+    def try_retry(self) -> bool:
+        """Withdraw one retry if the budget allows it; False means: do not retry."""
+        if self._scripts is None:
+            return self._local_retry()
+        return self._health.call(self._remote_retry, self._local_retry)
+
+    async def arecord_request(self) -> None:
+        """Async twin of :meth:`record_request`."""
+        if self._scripts is None:
+            self._local_request()
+        else:
+            await self._health.acall(self._aremote_request, self._local_request)
+
+    async def atry_retry(self) -> bool:
+        """Async twin of :meth:`try_retry`."""
+        if self._scripts is None:
+            return self._local_retry()
+        return await self._health.acall(self._aremote_retry, self._local_retry)
+
+    def _remote_request(self) -> None:
+        assert self._scripts is not None
+        self._scripts.run("budget", [self._key], self._request_args)
+
+    def _remote_retry(self) -> bool:
+        assert self._scripts is not None
+        return bool(int(self._scripts.run("budget", [self._key], self._retry_args)))
+
+    async def _aremote_request(self) -> None:
+        assert self._scripts is not None
+        await self._scripts.arun("budget", [self._key], self._request_args)
+
+    async def _aremote_retry(self) -> bool:
+        assert self._scripts is not None
+        return bool(int(await self._scripts.arun("budget", [self._key], self._retry_args)))
+
+    def _local_request(self) -> None:
         now = self._monotonic()
         lock = self._lock
         lock.acquire()
@@ -109,47 +148,6 @@ class RetryBudget:
             self._core.record_request(now)
         finally:
             lock.release()
-
-    def try_retry(self) -> bool:
-        """Withdraw one retry if the budget allows it; False means: do not retry."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            try:
-                reply = shared.run("budget", [self._key], self._retry_args)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return bool(int(reply))
-        return self._local_retry()
-
-    async def arecord_request(self) -> None:
-        """Async twin of :meth:`record_request`."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            try:
-                await shared.arun("budget", [self._key], self._request_args)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return
-        now = self._monotonic()
-        with self._lock:
-            self._core.record_request(now)
-
-    async def atry_retry(self) -> bool:
-        """Async twin of :meth:`try_retry`."""
-        shared = self._shared
-        if shared is not None and shared.usable():
-            try:
-                reply = await shared.arun("budget", [self._key], self._retry_args)
-            except StoreError as exc:
-                shared.failed(exc)
-            else:
-                shared.succeeded()
-                return bool(int(reply))
-        return self._local_retry()
 
     def _local_retry(self) -> bool:
         now = self._monotonic()
@@ -165,4 +163,9 @@ class RetryBudget:
     @property
     def degraded(self) -> bool:
         """True while a shared budget counts locally because its store failed."""
-        return self._shared is not None and self._shared.degraded
+        return self._scripts is not None and self._health.degraded
+
+    @property
+    def stats(self) -> OutageStats:
+        """What this budget saw of its store's outages."""
+        return self._health.stats

@@ -13,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
 import threading
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import BulkheadFull, ConfigError
 
 __all__ = ["Bulkhead"]
 
+_POLL = 0.01  # seconds between clock readings of a waiter on an injected clock
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -55,11 +57,19 @@ class Bulkhead:
     ``max_wait`` (0: do not wait), :class:`stormguard.BulkheadFull` is raised.
     Forms: ``with bulkhead:``, ``async with bulkhead:``, ``call(fn, ...)``,
     ``await acall(fn, ...)`` and ``@bulkhead`` on sync or async functions.
+    ``clock`` measures the waits (default: the system clock).
     """
 
-    __slots__ = ("_in_flight", "_lock", "_waiters", "limit", "max_wait", "name")
+    __slots__ = ("_clock", "_in_flight", "_lock", "_poll", "_waiters", "limit", "max_wait", "name")
 
-    def __init__(self, limit: int, *, max_wait: float = 0.0, name: str | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        max_wait: float = 0.0,
+        name: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigError("limit", f"must be an integer >= 1, got {limit!r}")
         if not isinstance(max_wait, int | float) or not max_wait >= 0:
@@ -67,6 +77,11 @@ class Bulkhead:
         self.limit = limit
         self.max_wait = float(max_wait)
         self.name = name
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        # A waiter sleeps on its event until its deadline on the real clock; on an
+        # injected clock it wakes every _POLL seconds to read that clock, so a test
+        # that advances it sees the wait end.
+        self._poll = math.inf if self._clock is SYSTEM_CLOCK else _POLL
         self._lock = threading.Lock()
         self._in_flight = 0
         self._waiters: deque[_Waiter] = deque()
@@ -78,6 +93,11 @@ class Bulkhead:
     def in_flight(self) -> int:
         """Calls holding a slot now."""
         return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a slot now."""
+        return len(self._waiters)
 
     def _try_take(self) -> bool:
         # Under the lock. Waiters first: a newcomer never overtakes the queue.
@@ -102,14 +122,18 @@ class Bulkhead:
                 raise BulkheadFull(self.limit, 0.0)
             waiter = _Waiter(event=threading.Event())
             self._waiters.append(waiter)
-        start = time.monotonic()
+        start = self._clock.monotonic()
         assert waiter.event is not None
-        waiter.event.wait(max_wait)
+        left = max_wait
+        while not waiter.event.wait(min(left, self._poll)):
+            left = start + max_wait - self._clock.monotonic()
+            if left <= 0:
+                break
         with self._lock:
             if waiter.granted:
                 return
             self._waiters.remove(waiter)
-        raise BulkheadFull(self.limit, time.monotonic() - start)
+        raise BulkheadFull(self.limit, self._clock.monotonic() - start)
 
     async def aacquire(self, max_wait: float | None = None) -> None:
         """Async twin of :meth:`acquire`."""
@@ -122,12 +146,15 @@ class Bulkhead:
             loop = asyncio.get_running_loop()
             waiter = _Waiter(loop=loop, future=loop.create_future())
             self._waiters.append(waiter)
-        start = time.monotonic()
+        start = self._clock.monotonic()
         assert waiter.future is not None
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), max_wait)
-        except TimeoutError:
-            pass
+            left = max_wait
+            while left > 0 and not waiter.future.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter.future), min(left, self._poll))
+                except TimeoutError:
+                    left = start + max_wait - self._clock.monotonic()
         except BaseException:
             # Cancelled while waiting: pass on a slot granted meanwhile.
             with self._lock:
@@ -141,7 +168,7 @@ class Bulkhead:
             if waiter.granted:
                 return
             self._waiters.remove(waiter)
-        raise BulkheadFull(self.limit, time.monotonic() - start)
+        raise BulkheadFull(self.limit, self._clock.monotonic() - start)
 
     def release(self) -> None:
         """Give a slot back (to the first waiter, if any)."""

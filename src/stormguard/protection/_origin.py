@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,27 +32,59 @@ from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
 from ._pacer import Pacer
 
-__all__ = ["OriginGuard", "OriginGuards", "guards_for", "origin_of", "process_guards"]
+__all__ = [
+    "OriginGuard",
+    "OriginGuards",
+    "guards_for",
+    "origin_of",
+    "process_guards",
+    "reset_process_guards",
+]
 
 # Statuses whose wait hint pauses the whole origin.
 COOLDOWN_STATUSES = frozenset({429, 503})
 COOLDOWN_SPREAD = 0.25  # resumptions spread over [pause, 1.25 x pause]
 _MAX_ORIGINS = 1024
+_EVICTION_SCAN = 16  # least recently used guards looked at per new origin
+_AUTHORITY_END = re.compile(r"[/?#\\]")
 _RNG = random.Random()
 _DEFAULT_BULKHEAD = {"limit": 100, "max_wait": 60.0}
-# An HTTP client's breaker judges on at least 20 calls (a flaky-but-up API at
-# 30 % errors should not trip it by the luck of the first ten).
-_DEFAULT_BREAKER = {"min_calls": 20}
+# The adapters' per-origin breaker: "a blip must not become an outage".
+#
+# The breaker counts attempts, and every failing request makes several of them
+# (the retries). A blip -- one connection reset and one 503 per request, then
+# 200 -- across 20 concurrent requests is 60 attempts, 40 of them failures: with
+# CircuitBreaker()'s own min_calls=10 (or the 20 used before) that opens the
+# breaker on the first burst, and the retries that would have succeeded are
+# refused (19 CircuitOpen). So the adapters judge on at least 100 attempts in a
+# 30 s window (Microsoft.Extensions.Http.Resilience's standard pipeline: minimum
+# throughput 100, sampling 30 s, break 5 s), failure rate 50 %: a burst of up to
+# ~50 concurrent requests each failing twice passes, while a sustained outage
+# under steady load (>= ~3.3 attempts/s) reaches 100 attempts in the window and
+# opens it. Below that rate the breaker stays closed and the retry budget is what
+# bounds the extra load (at most its reserve plus 10 %). Failure rate 50 %, not
+# Microsoft's 10 %: retries are already bounded by the budget; the breaker is for
+# an origin that is down, and a flaky-but-up API at 30 % errors should still be
+# called. CircuitBreaker()'s own defaults are unchanged.
+_DEFAULT_BREAKER = {"min_calls": 100, "window": 30.0, "failure_rate": 0.5, "open_for": 5.0}
 
 
 def origin_of(url: str) -> str:
-    """``scheme://host[:port]`` of ``url``, lower-cased (the unit of protection)."""
+    """``scheme://host[:port]`` of ``url``, lower-cased (the unit of protection).
+
+    Never more than that: a malformed URL (``http://[::1/x?secret=1``) gives its
+    scheme and authority as written, without user info, path, query or fragment,
+    so a secret in the query never reaches a key, a metric or a log line.
+    """
     try:
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
         port = parts.port
     except ValueError:
-        return url
+        scheme, sep, rest = url.partition("://")
+        authority = _AUTHORITY_END.split(rest, maxsplit=1)[0] if sep else ""
+        authority = authority.rpartition("@")[2].lower()
+        return f"{(scheme if sep else 'http').lower()}://{authority}"
     scheme = (parts.scheme or "http").lower()
     default = {"http": 80, "https": 443}.get(scheme)
     return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
@@ -108,6 +142,20 @@ class OriginGuard:
         self._cooldown = cooldown
         self._pacer = pacer
         self._policy_cache: tuple[Any, Any] | None = None
+
+    def in_use(self, *, breaker: bool = True, bulkhead: bool = True) -> bool:
+        """Whether forgetting this guard would lose protection that is running now.
+
+        True while its breaker is not closed, its bulkhead has holders or waiters,
+        or its cooldown pauses the origin (``breaker=False`` / ``bulkhead=False``
+        leave that part out).
+        """
+        if breaker and self.breaker is not None and self.breaker.last_state != "closed":
+            return True
+        slots = self.bulkhead
+        if bulkhead and slots is not None and (slots.in_flight or slots.waiting):
+            return True
+        return self._cooldown is not None and self._cooldown.running(self.origin)
 
     def policy(self, base: Any) -> Any:
         """``base`` (a RetryPolicy) with this origin's breaker and budget, unless it has its own."""
@@ -239,9 +287,11 @@ class OriginGuards:
         "_bulkhead",
         "_clock",
         "_cooldown",
+        "_cooldown_settings",
         "_guards",
         "_lock",
         "_pacer",
+        "_pacer_settings",
         "_rng",
         "_store",
     )
@@ -269,16 +319,23 @@ class OriginGuards:
         if isinstance(bulk, dict):
             bulk = {**_DEFAULT_BULKHEAD, **bulk}
         self._bulkhead = bulk
-        cool = _settings(cooldown, "cooldown", Cooldown)
+        self._cooldown_settings = _settings(cooldown, "cooldown", Cooldown)
+        self._pacer_settings = _settings(pacing, "pacing", Pacer)
+        self._guards: OrderedDict[str, OriginGuard] = OrderedDict()  # least recent first
+        self._lock = threading.Lock()
+        self._fresh_shared_parts()
+
+    def _fresh_shared_parts(self) -> None:
+        # The cooldown and pacer every origin shares: built from settings here, or
+        # the ready objects given (which reset() leaves as they are).
+        cool = self._cooldown_settings
         if isinstance(cool, dict):
-            cool = Cooldown(clock=self._clock, store=store, **cool)
+            cool = Cooldown(clock=self._clock, store=self._store, **cool)
         self._cooldown: Cooldown | None = cool  # type: ignore[assignment]
-        pace = _settings(pacing, "pacing", Pacer)
+        pace = self._pacer_settings
         if isinstance(pace, dict):
             pace = Pacer(clock=self._clock, **pace)
         self._pacer: Pacer | None = pace  # type: ignore[assignment]
-        self._guards: dict[str, OriginGuard] = {}
-        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -289,17 +346,51 @@ class OriginGuards:
         )
 
     def get(self, origin: str) -> OriginGuard:
-        """The guard of ``origin`` (created on first use, kept for the client's life)."""
-        guard = self._guards.get(origin)
+        """The guard of ``origin`` (created on first use).
+
+        At most 1,024 origins are kept: a new one makes room by forgetting the
+        least recently used origin whose protection is idle -- never one whose
+        breaker is not closed, whose bulkhead has holders or whose cooldown runs
+        (the registry grows past the bound rather than forget a sick origin).
+        """
+        guards = self._guards
+        guard = guards.get(origin)
         if guard is not None:
+            try:
+                guards.move_to_end(origin)  # most recently used (O(1), atomic)
+            except KeyError:
+                pass  # forgotten meanwhile by another thread: it has its guard already
             return guard
         with self._lock:
-            guard = self._guards.get(origin)
+            guard = guards.get(origin)
             if guard is None:
-                if len(self._guards) >= _MAX_ORIGINS:
-                    self._guards.pop(next(iter(self._guards)))  # the oldest origin
-                guard = self._guards[origin] = self._build(origin)
+                if len(guards) >= _MAX_ORIGINS:
+                    self._evict()
+                guard = guards[origin] = self._build(origin)
         return guard
+
+    def _evict(self) -> None:
+        # Lock held. The least recently used idle guard goes; busy ones seen on the
+        # way move to the recent end (they are in use), so the scan stays O(1).
+        # A breaker or bulkhead given ready-made is shared by every origin: dropping
+        # one origin's guard loses nothing of it, so only per-origin ones count.
+        guards = self._guards
+        own_breaker = isinstance(self._breaker, dict)
+        own_bulkhead = isinstance(self._bulkhead, dict)
+        for _ in range(min(_EVICTION_SCAN, len(guards))):
+            origin, guard = next(iter(guards.items()))
+            if not guard.in_use(breaker=own_breaker, bulkhead=own_bulkhead):
+                del guards[origin]
+                return
+            guards.move_to_end(origin)
+
+    def reset(self) -> None:
+        """Start afresh: forget every origin's breaker, budget and bulkhead, every
+        pause and all pacing (objects passed in ready-made are kept as they are;
+        state shared through a store stays in the store)."""
+        with self._lock:
+            self._guards.clear()
+            self._fresh_shared_parts()
 
     def for_url(self, url: str) -> OriginGuard:
         """The guard of the origin of ``url``."""
@@ -324,7 +415,7 @@ class OriginGuards:
             budget = RetryBudget(**settings)
         bulkhead = self._bulkhead
         if isinstance(bulkhead, dict):
-            bulkhead = Bulkhead(**{"name": origin, **bulkhead})
+            bulkhead = Bulkhead(**{"name": origin, "clock": self._clock, **bulkhead})
         return OriginGuard(
             origin,
             breaker=breaker,  # type: ignore[arg-type]
@@ -356,6 +447,21 @@ def process_guards() -> OriginGuards:
                 _PROCESS_GUARDS = OriginGuards()
             guards = _PROCESS_GUARDS
     return guards
+
+
+def reset_process_guards() -> None:
+    """Forget the process-wide per-origin protection (see :func:`process_guards`).
+
+    Every breaker, budget, bulkhead, cooldown and pacer that the adapters with
+    default protection share is dropped; the next request of every adapter, old
+    or new, starts with fresh ones (:meth:`OriginGuards.reset` on the shared
+    registry). Meant for tests (one test's open breaker must not refuse the next
+    test's calls) and for an operator's "start over".
+    """
+    with _PROCESS_LOCK:
+        guards = _PROCESS_GUARDS
+    if guards is not None:
+        guards.reset()
 
 
 def guards_for(

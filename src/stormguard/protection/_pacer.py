@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterable
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._errors import ConfigError
 from ..core._pacer import PacerCore, QuotaLike
 
 __all__ = ["Pacer"]
@@ -32,11 +31,7 @@ class Pacer:
     def __init__(
         self, *, threshold: float = 0.1, max_wait: float = 3600.0, clock: Clock | None = None
     ) -> None:
-        try:
-            PacerCore(threshold=threshold, max_wait=max_wait)
-        except ValueError as exc:
-            field, _, message = str(exc).partition(": ")
-            raise ConfigError(field, message) from None
+        PacerCore(threshold=threshold, max_wait=max_wait)  # validates (ConfigError)
         self.threshold = threshold
         self.max_wait = max_wait
         self._clock: Clock = clock or SYSTEM_CLOCK

@@ -2,16 +2,13 @@
 # and the BreakerEvent its listeners receive.
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ..core._breaker import Admission, BreakerState
 
-if TYPE_CHECKING:
-    from ._breaker import CircuitBreaker
-
-__all__ = ["BreakerEvent", "EventKind", "Listener", "Permit"]
+__all__ = ["AReport", "BreakerEvent", "EventKind", "Listener", "Outcome", "Permit", "Report"]
 
 EventKind = Literal["state_change", "store_unavailable", "store_available"]
 
@@ -36,61 +33,69 @@ class BreakerEvent:
 Listener = Callable[[BreakerEvent], None]
 
 
+Outcome = Literal["ok", "fail", "release"]
+Report = Callable[["Permit", Outcome], None]
+AReport = Callable[["Permit", Outcome], Awaitable[None]]
+
+
 class Permit:
     """One admitted call. Report its outcome once with :meth:`record`.
 
     ``probe`` is True for a half-open probe. A permit that is never reported
     holds a probe slot until its lease ends (``probe_lease``). The duration used
     for ``slow_call`` runs from the admission to the report, on the breaker's clock.
+
+    A permit is a small value: the admission, when it started, the shared lease it
+    holds (if any) and the two functions that report back to whoever granted it.
     """
 
-    __slots__ = ("_admission", "_breaker", "_done", "_lease_id", "_remote", "started")
+    __slots__ = ("_done", "_reports", "admission", "lease_id", "remote", "started")
 
     def __init__(
         self,
-        breaker: CircuitBreaker,
         admission: Admission,
         started: float,
+        reports: tuple[Report, AReport],
         remote: bool = False,
         lease_id: str = "",
     ) -> None:
-        self._breaker = breaker
-        self._admission = admission
+        self.admission = admission
         self.started = started
-        self._remote = remote
-        self._lease_id = lease_id
+        self._reports = reports
+        self.remote = remote
+        self.lease_id = lease_id
         self._done = False
 
     @property
     def probe(self) -> bool:
         """True when this call is a half-open probe."""
-        return self._admission.probe
+        return self.admission.probe
 
     @property
     def generation(self) -> int:
         """The breaker generation the permit was granted in."""
-        return self._admission.generation
+        return self.admission.generation
 
     def record(self, *, failure: bool) -> None:
         """Report the outcome (only the first report counts)."""
         if not self._done:
             self._done = True
-            self._breaker._record(self, failure, "fail" if failure else "ok")
+            self._reports[0](self, "fail" if failure else "ok")
 
     async def arecord(self, *, failure: bool) -> None:
         """Async twin of :meth:`record` (awaits the store when it is shared)."""
         if not self._done:
             self._done = True
-            await self._breaker._arecord(self, failure, "fail" if failure else "ok")
+            await self._reports[1](self, "fail" if failure else "ok")
 
     def release(self) -> None:
         """Give the permit back without an outcome (the call was cancelled)."""
         if not self._done:
             self._done = True
-            self._breaker._record(self, False, "release")
+            self._reports[0](self, "release")
 
     async def arelease(self) -> None:
         """Async twin of :meth:`release`."""
         if not self._done:
             self._done = True
-            await self._breaker._arecord(self, False, "release")
+            await self._reports[1](self, "release")

@@ -16,9 +16,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from .. import Bulkhead
+from .. import AsyncRateLimiter, Bulkhead, Concurrency
 from .._errors import BulkheadFull, ConfigError
-from ..core._limiters import Decision
+from ..core._decision import Decision
 from ._refusal import Refusal
 
 __all__ = ["Admission", "AdmissionGroups", "SharedAdmission"]
@@ -184,8 +184,6 @@ class SharedAdmission:
         on_store_error: str = "open",
         name: str = "concurrency",
     ) -> None:
-        from .. import AsyncRateLimiter, Concurrency
-
         for field, value in (("limit", limit), ("per_client", per_client)):
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -215,8 +213,6 @@ class SharedAdmission:
 
     async def aenter(self, client: str | None = None) -> Refusal | Decision:
         """Take the slots: the decision (keep it for :meth:`aleave`) or a Refusal (503)."""
-        from .. import AsyncRateLimiter
-
         items = [(self._group, "all")]
         if self._client is not None and client is not None:
             items.append((self._client, client))

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from ._admission import AdmissionGroups, SharedAdmission
-from ._decide import open_store
+from ._decide import close_on_shutdown, open_store
 from ._refusal import Refusal, send_refusal
 from ._rules import ClientAddress, KeySpec, compile_key
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -92,10 +92,13 @@ class ConcurrencyMiddleware:
     ) -> None:
         self.app = app
         self.shared = None
+        self.owned_store = None
         if store is not None:
+            opened = open_store(store, asyncio=True)
+            self.owned_store = opened if isinstance(store, str) else None
             self.shared = SharedAdmission(
                 limit,
-                store=open_store(store, asyncio=True),
+                store=opened,
                 per_client=per_client,
                 lease=lease,
                 retry_after=retry_after,
@@ -110,6 +113,8 @@ class ConcurrencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan" and self.owned_store is not None:
+                send = close_on_shutdown(send, self.owned_store)
             await self.app(scope, receive, send)
             return
         client = self.key_of(ScopeView(scope)) if self.per_client else None

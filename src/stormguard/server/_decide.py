@@ -16,11 +16,11 @@ from typing import Any
 
 from .. import AsyncRateLimiter, RateLimiter
 from .._errors import ConfigError
-from ..core._limiters import Decision, combine
+from ..core._decision import Decision, combine
 from ..stores import MemoryStore, from_url
 from ._rules import ClientAddress, KeyFunc, RequestView, Rule, compile_key
 
-__all__ = ["RuleSet", "open_store"]
+__all__ = ["RuleSet", "close_on_shutdown", "open_store"]
 
 
 def open_store(store: object, *, asyncio: bool) -> Any:
@@ -36,6 +36,26 @@ def _flat(decisions: list[Decision]) -> Decision:
     return combine([part for d in decisions for part in (d.parts or (d,))])
 
 
+def close_on_shutdown(send: Any, store: Any) -> Any:
+    """Wrap a lifespan ``send``: close ``store`` before ``lifespan.shutdown.complete``.
+
+    For stores a middleware opened itself from a URL (their connections belong to
+    the server's event loop).
+    """
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "lifespan.shutdown.complete":
+            closer = getattr(store, "aclose", None)
+            if closer is not None:
+                try:
+                    await closer()
+                except Exception:  # closing a dead store must not fail the shutdown
+                    pass
+        await send(message)
+
+    return sending
+
+
 class RuleSet:
     """Rules plus their limiters on one store; decides a request in one store call.
 
@@ -44,7 +64,7 @@ class RuleSet:
     ``retry_store_after`` go to every limiter.
     """
 
-    __slots__ = ("_entries", "asyncio", "rules", "store")
+    __slots__ = ("_entries", "asyncio", "owns_store", "rules", "store")
 
     def __init__(
         self,
@@ -66,6 +86,7 @@ class RuleSet:
         self.rules = tuple(rules)
         self.asyncio = asyncio
         self.store = open_store(store, asyncio=asyncio)
+        self.owns_store = isinstance(store, str)
         address = ClientAddress.of(trusted_proxies)
         limiter_type: Any = AsyncRateLimiter if asyncio else RateLimiter
         self._entries: list[tuple[Rule, KeyFunc, Any]] = [

@@ -28,8 +28,8 @@ import grpc
 import grpc.aio
 
 from .._errors import ConfigError
+from ..core._decision import Decision
 from ..core._idempotency import fingerprint
-from ..core._limiters import Decision
 from ._admission import Admission
 from ._decide import RuleSet
 from ._idempotency import IdempotencyGuard, Ticket, encode_response
@@ -102,7 +102,9 @@ class _Guard:
         on_store_error: str,
         refuse_with: str,
         trusted_proxies: Sequence[str],
-        concurrency: Admission | None,
+        concurrency: Admission | int | None,
+        concurrency_per_client: int | None,
+        concurrency_max_wait: float,
         concurrency_key: KeySpec,
         idempotency: IdempotencyGuard | bool,
         idempotency_key: str,
@@ -124,7 +126,13 @@ class _Guard:
             else None
         )
         address = ClientAddress.of(trusted_proxies)
-        self.concurrency = concurrency
+        if isinstance(concurrency, bool):
+            raise ConfigError("concurrency", "must be a number of calls or an Admission")
+        if isinstance(concurrency, int):
+            concurrency = Admission(
+                concurrency, per_client=concurrency_per_client, max_wait=concurrency_max_wait
+            )
+        self.concurrency: Admission | None = concurrency
         self.client_of = compile_key(concurrency_key, address)
         if idempotency is True:
             shared = self.rules.store if self.rules is not None else store
@@ -200,7 +208,9 @@ class _Interceptor:
         on_store_error: str = "open",
         refuse_with: str = "unavailable",
         trusted_proxies: Sequence[str] = (),
-        concurrency: Admission | None = None,
+        concurrency: Admission | int | None = None,
+        concurrency_per_client: int | None = None,
+        concurrency_max_wait: float = 0.0,
         concurrency_key: KeySpec = "ip",
         idempotency: IdempotencyGuard | bool = False,
         idempotency_key: str = "idempotency-key",
@@ -213,6 +223,8 @@ class _Interceptor:
             refuse_with=refuse_with,
             trusted_proxies=trusted_proxies,
             concurrency=concurrency,
+            concurrency_per_client=concurrency_per_client,
+            concurrency_max_wait=concurrency_max_wait,
             concurrency_key=concurrency_key,
             idempotency=idempotency,
             idempotency_key=idempotency_key,
@@ -248,8 +260,9 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
     ``rules``: :class:`stormguard.asgi.Rule` objects (``key="header:x-api-key"``
     reads metadata; ``"ip"`` the peer without port; ``paths`` match
     ``"/pkg.Service/Method"``). ``refuse_with``: ``"unavailable"`` (default, with
-    ``grpc-retry-pushback-ms``) or ``"resource_exhausted"``. ``concurrency``: an
-    ``Admission`` capping calls in flight (per client by ``concurrency_key``).
+    ``grpc-retry-pushback-ms``) or ``"resource_exhausted"``. ``concurrency``: calls in
+    flight at most (each client at most ``concurrency_per_client``, named by
+    ``concurrency_key``; a bounded wait of ``concurrency_max_wait`` seconds).
     ``idempotency=True`` (or an ``IdempotencyGuard``) runs a unary call once per
     ``idempotency_key`` metadata value, scoped by ``idempotency_scope``.
     """

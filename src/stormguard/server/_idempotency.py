@@ -28,7 +28,7 @@ from typing import Any
 from .._errors import ConfigError, StoreError
 from ..core._idempotency import ClaimOutcome, fingerprint
 from ._claims import ClaimStore, claim_key, claims_for
-from ._decide import open_store
+from ._decide import close_on_shutdown, open_store
 from ._refusal import Refusal, send_refusal, send_response
 from ._rules import ClientAddress, KeySpec, compile_key
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -86,7 +86,9 @@ class IdempotencyGuard:
         for name, value in (("ttl", ttl), ("lease", lease)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {value!r}")
-        self.claims: ClaimStore = claims_for(open_store(store, asyncio=asyncio))
+        self.store = open_store(store, asyncio=asyncio)
+        self.owns_store = isinstance(store, str)
+        self.claims: ClaimStore = claims_for(self.store)
         self.methods = frozenset(m.upper() for m in methods)
         self.ttl = float(ttl)
         self.lease = float(lease)
@@ -267,6 +269,8 @@ class IdempotencyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan" and self.guard.owns_store:
+                send = close_on_shutdown(send, self.guard.store)
             await self.app(scope, receive, send)
             return
         view = ScopeView(scope)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core._limiters import Decision
-from ._decide import RuleSet
+from ..core._decision import Decision
+from ._decide import RuleSet, close_on_shutdown
 from ._refusal import (
     HeaderStyle,
     Refusal,
@@ -93,6 +93,8 @@ class RateLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind != "http" and kind != "websocket":
+            if kind == "lifespan" and self.rules.owns_store:
+                send = close_on_shutdown(send, self.rules.store)
             await self.app(scope, receive, send)
             return
         view = ScopeView(scope)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from .._errors import ConfigError
-from ..core._limiters import Decision
+from ..core._decision import Decision
 from ._types import Scope, Send
 
 __all__ = [

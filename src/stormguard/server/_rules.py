@@ -12,7 +12,8 @@
 #   "global"       everyone together;
 #   "header:NAME"  a request header (gRPC: request metadata);
 #   callable       f(raw) -> str | None with the ASGI scope (gRPC: the handler call
-#                  details) as `raw`.
+#                  details) as `raw`;
+#   [spec, ...]    the first spec that resolves (e.g. ["header:X-API-Key", "ip"]).
 # A key that resolves to None means "the rule does not apply to this request".
 #
 # Front ends (ASGI, gRPC, the gateway) describe a request through `RequestView`,
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 from .._errors import ConfigError
-from ..core._limiters import Algorithm, SlidingWindowCounter
+from ..core._limiters import Algorithm
 
 __all__ = [
     "ClientAddress",
@@ -76,6 +77,8 @@ def parse_limit(limit: str | Algorithm, *, field_name: str = "limit") -> Algorit
     window = float(match.group(2) or 1) * unit
     if count <= 0 or window <= 0:
         raise ConfigError(field_name, f"count and window must be > 0: {limit!r}")
+    from .. import SlidingWindowCounter
+
     return SlidingWindowCounter(count, window)
 
 
@@ -97,7 +100,9 @@ class RequestView(Protocol):
 
 
 KeyFunc: TypeAlias = Callable[[RequestView], "str | None"]
-KeySpec: TypeAlias = "str | Callable[[Any], str | None]"
+KeySpec: TypeAlias = (
+    "str | Callable[[Any], str | None] | Sequence[str | Callable[[Any], str | None]]"
+)
 
 Network: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -178,6 +183,21 @@ def compile_key(spec: KeySpec, address: ClientAddress | None = None) -> KeyFunc:
 
     Keys carry their kind (``ip:``, ``h:NAME:``) so different specs never collide.
     """
+    if isinstance(spec, list | tuple):
+        # Several specs: the first one present names the client (the gateway's
+        # `clients.key: [header:X-API-Key, ip]`).
+        chain = [compile_key(one, address) for one in spec]
+        if not chain:
+            raise ConfigError("key", "an empty list of key specs names nobody")
+
+        def first_present(view: RequestView) -> str | None:
+            for key_of in chain:
+                value = key_of(view)
+                if value is not None:
+                    return value
+            return None
+
+        return first_present
     if callable(spec):
         custom = spec
 
@@ -265,7 +285,7 @@ class Rule:
             raise ConfigError("cost", f"must be a number >= 0, got {cost!r}")
         compile_key(key)  # validates the spec
         if name is None:
-            label = key if isinstance(key, str) else getattr(key, "__name__", "fn")
+            label = _key_label(key)
             name = f"{label}-{_limit_label(limit, algorithm)}"
         setter = object.__setattr__
         setter(self, "limit", limit)
@@ -281,6 +301,14 @@ class Rule:
         if self.methods is not None and method.upper() not in self.methods:
             return False
         return self.paths is None or any(path.startswith(p) for p in self.paths)
+
+
+def _key_label(key: KeySpec) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, list | tuple):
+        return "|".join(_key_label(k) for k in key)
+    return str(getattr(key, "__name__", "fn"))
 
 
 def _limit_label(limit: str | Algorithm, algorithm: Algorithm) -> str:

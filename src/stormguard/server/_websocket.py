@@ -22,10 +22,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .. import AsyncRateLimiter
+from .. import AsyncRateLimiter, TokenBucket
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
-from ..core._limiters import TokenBucket
 from ._refusal import Refusal, send_websocket_refusal
 from ._types import ASGIApp, Message, Receive, Scope, Send
 

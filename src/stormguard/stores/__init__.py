@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"]
 
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
 
 def __getattr__(name: str) -> Any:
     # The Redis stores import redis-py lazily so `import stormguard` needs only the
@@ -38,7 +40,9 @@ def from_url(
 def from_url(
     url: str, *, asyncio: bool = False, **kwargs: Any
 ) -> MemoryStore | RedisStore | AsyncRedisStore:
-    """A store for ``url``: ``memory://``, ``redis://``, ``rediss://`` or ``unix://``.
+    """A store for ``url``: ``memory://``, ``redis://``, ``rediss://``, ``unix://``,
+    or ``redis+cluster://host:port`` / ``rediss+cluster://host:port`` for a Redis
+    Cluster (any one node; the client discovers the others).
 
     ``asyncio=True`` returns an :class:`AsyncRedisStore` for Redis URLs. Keyword
     arguments go to the store (``max_keys`` for memory; ``prefix``, timeouts and
@@ -47,8 +51,8 @@ def from_url(
     scheme = url.partition("://")[0].lower()
     if scheme == "memory":
         return MemoryStore(**kwargs)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in _REDIS_SCHEMES:
         from ._redis import AsyncRedisStore, RedisStore
 
         return AsyncRedisStore(url, **kwargs) if asyncio else RedisStore(url, **kwargs)
-    raise ConfigError("url", f"scheme must be memory, redis, rediss or unix; got {url!r}")
+    raise ConfigError("url", f"scheme must be memory, {', '.join(_REDIS_SCHEMES)}; got {url!r}")

@@ -12,6 +12,7 @@
 # tasks, including async limiters running in several event loops at once.
 from __future__ import annotations
 
+import os
 import threading
 import time as _time
 from collections import OrderedDict
@@ -20,7 +21,15 @@ from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
-from ..core._limiters import Algorithm, Concurrency, Decision, LimitRequest, decide_group
+from ..core._limiters import (
+    Algorithm,
+    Concurrency,
+    Decision,
+    LimitRequest,
+    check_cost,
+    decide_group,
+)
+from ._memory_fast import Table, inlined_hitter
 
 __all__ = ["MemoryStore"]
 
@@ -97,41 +106,33 @@ class MemoryStore:
         if len(data) > self.max_keys:
             data.popitem(last=False)
 
-    def decide_one(
-        self, algorithm: Algorithm, name: str, key: str, cost: float, lease: str = ""
-    ) -> Decision:
-        """Decide one limit (the hot path of ``RateLimiter.hit``)."""
-        skey = name + "\x00" + key
-        data = self._data
-        with self._lock:
-            now = self._monotonic()
-            entry = data.get(skey)
-            state = None if entry is None or entry[0] <= now else entry[1]
-            new, allowed, remaining, reset, retry = algorithm.advance(state, now, cost, lease)
-            if allowed and cost > 0:
-                if entry is not None and reset > 0:  # _put, inlined for the hot path
-                    data[skey] = (now + reset, new)
-                    data.move_to_end(skey)
-                else:
-                    self._put(skey, new, reset, now)
-        held = (lease or None) if allowed and cost > 0 else None
-        # tuple.__new__ skips the NamedTuple's Python-level __new__ (hot path).
-        return _new(
-            Decision,
-            (allowed, algorithm.limit, remaining, reset, retry, name, algorithm.window, held, ()),
-        )
+    def hitter(
+        self, algorithm: Algorithm, name: str, *, inline: bool = True
+    ) -> Callable[..., Decision]:
+        """``hit(key, cost=1.0)`` of one limiter on this store: its hot path, chosen once.
 
-    def hitter(self, algorithm: Algorithm, name: str) -> Callable[[str, float, str], Decision]:
-        """A specialised ``decide_one`` for one limiter: ``hit(key, cost, lease)``.
-
-        Same decisions as :meth:`decide_one`; everything that does not change per
-        hit is bound once (the limiter's hot path: about a third of the cost).
+        TokenBucket and GCRA get a hand-inlined step (stores/_memory_fast.py; the
+        same decisions, bit for bit) unless ``inline`` is false; other algorithms,
+        and odd costs, take the generic step. Everything that does not change per
+        hit is bound once. A negative or non-finite cost raises ConfigError.
         """
+        generic = self._generic_hitter(algorithm, name)
+        if inline:
+            table = Table(self._data, self._lock, self._put, self._monotonic, self.max_keys)
+            fast = inlined_hitter(table, algorithm, name, generic)
+            if fast is not None:
+                return fast
+        return generic
+
+    def _generic_hitter(self, algorithm: Algorithm, name: str) -> Callable[..., Decision]:
         data, lock, put = self._data, self._lock, self._put
         monotonic, advance = self._monotonic, algorithm.advance
         limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
+        leases = isinstance(algorithm, Concurrency)
 
-        def hit(key: str, cost: float, lease: str) -> Decision:
+        def hit(key: str, cost: float = 1.0) -> Decision:
+            cost = check_cost(cost)
+            lease = os.urandom(9).hex() if leases else ""
             skey = prefix + key
             with lock:
                 now = monotonic()
@@ -139,12 +140,13 @@ class MemoryStore:
                 state = None if entry is None or entry[0] <= now else entry[1]
                 new, allowed, remaining, reset, retry = advance(state, now, cost, lease)
                 if allowed and cost > 0:
-                    if entry is not None and reset > 0:
+                    if entry is not None and reset > 0:  # _put, inlined for the hot path
                         data[skey] = (now + reset, new)
                         data.move_to_end(skey)
                     else:
                         put(skey, new, reset, now)
             held = (lease or None) if allowed and cost > 0 else None
+            # tuple.__new__ skips the NamedTuple's Python-level __new__ (hot path).
             return _new(Decision, (allowed, limit, remaining, reset, retry, name, window, held, ()))
 
         return hit

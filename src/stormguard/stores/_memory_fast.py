@@ -1,51 +1,61 @@
 # Hand-inlined hot paths of MemoryStore for the two single-state algorithms.
 #
-# A gateway decides a limit on every request, so RateLimiter(TokenBucket | GCRA)
-# on a MemoryStore binds one of these closures as its `hit`. Each is the generic
-# path (MemoryStore.hitter -> algorithm.advance -> Decision) with the algorithm's
+# A gateway decides a limit on every request, so MemoryStore.hitter hands a
+# RateLimiter(TokenBucket | GCRA) one of these closures as its hit. Each is the
+# generic path (MemoryStore._generic_hitter -> algorithm.advance -> Decision) with the algorithm's
 # arithmetic written out in place: no method call per hit, no outcome tuple. The
 # formulas are copied term for term from `core._limiters` so every float comes
 # out bit-identical; tests/limiting/test_memory_fast.py replays random traffic
 # through both paths and compares decisions and stored state exactly. Anything
 # unusual (zero, oversized, negative or infinite costs) takes the generic path.
+#
+# The store hands over what a hit touches as a `Table`; nothing here reaches into
+# the store object itself.
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple
 
 from ..core._limiters import EPSILON, GCRA, Algorithm, Decision, TokenBucket
 
-if TYPE_CHECKING:
-    from ._memory import MemoryStore
-
-__all__ = ["fast_hitter"]
+__all__ = ["Table", "inlined_hitter"]
 
 FastHit = Callable[..., Decision]
 _new = tuple.__new__
 
 
-def fast_hitter(
-    store: MemoryStore, algorithm: Algorithm, name: str, slow: Callable[[str, float], Decision]
+class Table(NamedTuple):
+    """The parts of a MemoryStore an inlined hit works on (given by the store)."""
+
+    data: OrderedDict[str, tuple[float, Any]]  # store key -> (expires at, state)
+    lock: threading.Lock
+    put: Callable[[str, Any, float, float], None]  # (key, state, ttl, now)
+    monotonic: Callable[[], float]
+    max_keys: int
+
+
+def inlined_hitter(
+    table: Table, algorithm: Algorithm, name: str, slow: Callable[..., Decision]
 ) -> FastHit | None:
-    """``hit(key, cost=1.0)`` for ``algorithm`` on ``store``, or None when none is written."""
+    """``hit(key, cost=1.0)`` for ``algorithm`` on ``table``, or None when none is written."""
     kind = type(algorithm)
     if kind is GCRA:
-        return _gcra(store, algorithm, name, slow)  # type: ignore[arg-type]
+        return _gcra(table, algorithm, name, slow)  # type: ignore[arg-type]
     if kind is TokenBucket:
-        return _token_bucket(store, algorithm, name, slow)  # type: ignore[arg-type]
+        return _token_bucket(table, algorithm, name, slow)  # type: ignore[arg-type]
     return None
 
 
-def _gcra(
-    store: MemoryStore, algorithm: GCRA, name: str, slow: Callable[[str, float], Decision]
-) -> FastHit:
-    data, lock, put, monotonic = store._data, store._lock, store._put, store._monotonic
+def _gcra(table: Table, algorithm: GCRA, name: str, slow: Callable[..., Decision]) -> FastHit:
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
     move_to_end = data.move_to_end
     rate, burst = algorithm.rate, algorithm.burst
     tau = burst / rate
     limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
     skeys: dict[str, str] = {}  # key -> store key: a lookup is cheaper than a concat
-    cached, cap = skeys.get, store.max_keys
+    cached, cap = skeys.get, table.max_keys
 
     def hit(key: str, cost: float = 1.0) -> Decision:
         if not 0 < cost <= burst:
@@ -109,14 +119,14 @@ def _gcra(
 
 
 def _token_bucket(
-    store: MemoryStore, algorithm: TokenBucket, name: str, slow: Callable[[str, float], Decision]
+    table: Table, algorithm: TokenBucket, name: str, slow: Callable[..., Decision]
 ) -> FastHit:
-    data, lock, put, monotonic = store._data, store._lock, store._put, store._monotonic
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
     move_to_end = data.move_to_end
     rate, burst = algorithm.rate, algorithm.burst
     limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
     skeys: dict[str, str] = {}  # key -> store key: a lookup is cheaper than a concat
-    cached, cap = skeys.get, store.max_keys
+    cached, cap = skeys.get, table.max_keys
 
     def hit(key: str, cost: float = 1.0) -> Decision:
         if not 0 < cost <= burst:

@@ -9,11 +9,22 @@
 #
 # Keys: `key(*parts)` gives `<prefix>{part1:part2:...}`. The braces are a Redis
 # Cluster hash tag; a script that needs companion keys in the same slot appends
-# `:suffix` after the closing brace.
+# `:suffix` after the closing brace. Limiter keys are `<prefix>{<key>}:<name>`
+# (see _lua.py), so one client's limits share a slot.
+#
+# Redis Cluster: a `redis+cluster://` (`rediss+cluster://`) URL or a
+# redis.cluster.RedisCluster / redis.asyncio.cluster.RedisCluster client. Every
+# script call then touches one slot: a decision whose keys share a slot (one
+# limit, or a group of limits on the same key) is one EVALSHA as on a single
+# Redis; a group whose keys span slots (per client + global) is decided slot by
+# slot, still all or nothing and never over-admitting (_lua.across_slots). The
+# async store's tick batches are split by slot, one EVALSHA per slot.
 #
 # Connections. The sync store runs scripts on one redis-py Connection per thread
 # (created from the client's pool settings, re-created after fork): taking and
 # returning a pooled connection costs as much as the round trip on a busy host.
+# On a cluster, the cluster client routes each script to its slot's node (its
+# sync client is created on first use: it connects when it is built).
 # The async store coalesces: the hits that arrive in one event-loop tick go out
 # as one EVALSHA carrying every group (each group still all or nothing), so each
 # hit costs at most one round trip and 64 concurrent callers share a few.
@@ -24,12 +35,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from importlib import resources
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -38,11 +50,13 @@ from urllib.parse import urlsplit
 from .._errors import ConfigError, StoreError
 from .._extras import require
 from ..core._limiters import Algorithm, Decision, LimitRequest
-from . import _lua
+from . import _lua, _scripts
 
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
+    import redis.asyncio.cluster
+    import redis.cluster
 
 __all__ = ["AsyncRedisStore", "RedisStore"]
 
@@ -58,7 +72,7 @@ def load_script(name: str) -> tuple[str, str]:
         if name == _lua.LIMIT_SCRIPT:
             source = _lua.limit_script_source()
         else:
-            source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+            source = _scripts.script_source(resources.files(__package__).joinpath("lua"), name)
         cached = (source, hashlib.sha1(source.encode("utf-8")).hexdigest())
         _SCRIPTS[name] = cached
     return cached
@@ -80,6 +94,22 @@ def _client_kwargs(
     return kwargs
 
 
+def _cluster_url(url: str) -> str | None:
+    """``redis://...`` for a ``redis+cluster://...`` URL (rediss too); None otherwise."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
+        return f"{scheme.lower().partition('+')[0]}://{rest}"
+    return None
+
+
+def _is_cluster_client(client: object) -> bool:
+    # Either redis-py cluster client (sync or asyncio), without importing them.
+    return any(
+        cls.__name__ == "RedisCluster" and cls.__module__.startswith("redis.")
+        for cls in type(client).__mro__
+    )
+
+
 def _store_error(exc: Exception) -> StoreError:
     err = StoreError(f"redis: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
@@ -95,17 +125,56 @@ def _is_noscript(exc: Exception) -> bool:
     return type(exc).__name__ == "NoScriptError" or str(exc).startswith("NOSCRIPT")
 
 
-class _RedisBase:
-    __slots__ = ("__weakref__", "instances", "prefix", "url")
+def _run_on_client(
+    client: Any, source: str, sha: str, keys: Sequence[str], args: Sequence[Any]
+) -> Any:
+    # A script on a pooled (cluster) client; the async store awaits the same calls.
+    try:
+        try:
+            return client.evalsha(sha, len(keys), *keys, *args)
+        except Exception as exc:
+            if not _is_noscript(exc):
+                raise
+        return client.eval(source, len(keys), *keys, *args)
+    except Exception as exc:
+        raise _store_error(exc) from exc
 
-    def __init__(self, url: str, prefix: str, instances: int) -> None:
+
+class _RedisBase:
+    __slots__ = ("__weakref__", "_owned", "cluster", "instances", "prefix", "url")
+
+    def __init__(self, url: str, prefix: str, instances: int, cluster: bool, owned: bool) -> None:
         self.url = url
         self.prefix = prefix
         self.instances = instances
+        self.cluster = cluster  # a Redis Cluster: each script call stays in one slot
+        self._owned = owned  # close() closes the client only if the store made it
 
     def key(self, *parts: str) -> str:
         """Build a prefixed key ``<prefix>{part1:part2:...}`` (braces: cluster hash tag)."""
         return f"{self.prefix}{{{':'.join(parts)}}}"
+
+    def _slot(self, request: LimitRequest) -> int:
+        # The cluster slot of a limit's keys (its hash tag is the limited key).
+        key_slot: Callable[[bytes], int] = require("redis.crc", "redis").key_slot
+        return key_slot(self.key(request.key).encode())
+
+    def _slot_parts(self, requests: Sequence[LimitRequest]) -> list[list[int]]:
+        # Indices of `requests` per cluster slot, in order of first appearance.
+        parts: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            parts.setdefault(self._slot(request), []).append(i)
+        return list(parts.values())
+
+    def _split(
+        self, requests: Sequence[LimitRequest]
+    ) -> Generator[_lua.Call, Any, list[Decision]] | None:
+        # The slot-by-slot machine, or None when one script call decides the group.
+        if self.cluster and len(requests) > 1:
+            parts = self._slot_parts(requests)
+            if len(parts) > 1:
+                return _lua.across_slots(self, requests, parts)
+        return None
 
     def __repr__(self) -> str:
         # Shown in outage log lines: never print a password from the URL.
@@ -119,17 +188,25 @@ class _RedisBase:
 class RedisStore(_RedisBase):
     """Shared state in Redis for sync callers (redis-py; hiredis when installed).
 
-    ``socket_timeout`` and ``connect_timeout`` bound every call (seconds); redis-py's
-    own retries are off. Extra keyword arguments go to ``redis.Redis.from_url``.
-    Every redis error surfaces as :class:`stormguard.StoreError`. Scripts run on one
-    connection per calling thread (``client`` keeps its own pool for other uses).
+    ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, a
+    ``redis+cluster://host:port`` (``rediss+cluster://``) URL naming one node of a
+    Redis Cluster, or a ready ``redis.Redis`` / ``redis.cluster.RedisCluster``
+    client (which ``close()`` leaves open). ``socket_timeout`` and
+    ``connect_timeout`` bound every call (seconds); redis-py's own retries are off.
+    Extra keyword arguments go to ``from_url`` of the redis-py client. Every redis
+    error surfaces as :class:`stormguard.StoreError`. Scripts run on one connection
+    per calling thread (``client`` keeps its own pool for other uses).
+
+    On a cluster, a decision whose keys share a slot (one limit, or several limits
+    on the same key) is one round trip; a group spanning slots (per client + global)
+    takes one round trip per slot, still all or nothing and never over-admitting.
     """
 
-    __slots__ = ("_conns", "_conns_lock", "_local", "_params", "client")
+    __slots__ = ("_client", "_conns", "_conns_lock", "_factory", "_local", "_params")
 
     def __init__(
         self,
-        url: str,
+        url: str | redis.Redis | redis.cluster.RedisCluster,
         *,
         prefix: str = "stormguard:",
         socket_timeout: float = 0.25,
@@ -137,18 +214,45 @@ class RedisStore(_RedisBase):
         instances: int = 1,
         **redis_kwargs: Any,
     ) -> None:
-        super().__init__(url, prefix, instances)
-        redis_mod = require("redis", "redis")
-        try:
-            self.client: redis.Redis = redis_mod.Redis.from_url(
-                url, **_client_kwargs(socket_timeout, connect_timeout, redis_kwargs)
-            )
-        except ValueError as exc:
-            raise ConfigError("url", str(exc)) from exc
+        self._client: Any = None
+        self._factory: Callable[[], Any] | None = None
+        if not isinstance(url, str):
+            self._client, cluster, owned, text = url, _is_cluster_client(url), False, repr(url)
+        else:
+            kwargs = _client_kwargs(socket_timeout, connect_timeout, redis_kwargs)
+            node_url, owned, text = _cluster_url(url), True, url
+            cluster = node_url is not None
+            try:
+                if node_url is not None:
+                    # The sync cluster client connects when built: build it on first use,
+                    # so a store made during an outage follows on_store_error.
+                    require("redis.connection", "redis").parse_url(node_url)
+                    cluster_cls = require("redis.cluster", "redis").RedisCluster
+                    self._factory = functools.partial(cluster_cls.from_url, node_url, **kwargs)
+                else:
+                    self._client = require("redis", "redis").Redis.from_url(url, **kwargs)
+            except ValueError as exc:
+                raise ConfigError("url", str(exc)) from exc
+        super().__init__(text, prefix, instances, cluster, owned)
         self._params: dict[Algorithm, tuple[str, str, str]] = {}
         self._local = threading.local()
         self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
         self._conns_lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (``redis.Redis``, or ``redis.cluster.RedisCluster``)."""
+        client = self._client
+        if client is None:
+            with self._conns_lock:
+                if self._client is None:
+                    assert self._factory is not None
+                    try:
+                        self._client = self._factory()
+                    except Exception as exc:
+                        raise _store_error(exc) from exc
+                client = self._client
+        return client
 
     def _connection(self) -> Any:
         local = self._local
@@ -164,6 +268,8 @@ class RedisStore(_RedisBase):
     def run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
         source, sha = load_script(name)
+        if self.cluster:
+            return _run_on_client(self.client, source, sha, keys, args)
         conn = self._connection()
         try:
             conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
@@ -180,7 +286,19 @@ class RedisStore(_RedisBase):
             raise _store_error(exc) from exc
 
     def decide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
-        """Decide several limits at once, all or nothing, in one round trip."""
+        """Decide several limits at once, all or nothing, in one round trip.
+
+        (On a cluster, one round trip per slot when the keys span slots.)
+        """
+        machine = self._split(requests)
+        if machine is not None:
+            reply = None
+            try:
+                while True:
+                    reply = self.run_script(_lua.LIMIT_SCRIPT, *machine.send(reply))
+            except StopIteration as done:
+                decisions: list[Decision] = done.value
+                return decisions
         keys, args = _lua.encode(self, requests)
         return _lua.decode(requests, self.run_script(_lua.LIMIT_SCRIPT, keys, args))
 
@@ -192,22 +310,22 @@ class RedisStore(_RedisBase):
         if params is None:
             first, second = algorithm.params()
             params = self._params[algorithm] = (algorithm.kind, repr(first), repr(second))
-        skey = f"{self.prefix}{{{name}:{key}}}"
+        skey = f"{self.prefix}{{{key}}}:{name}"  # as _lua._keys
         reply = self.run_script(
             _lua.LIMIT_SCRIPT, (skey, skey + ":aux"), ("hit", 1, 1, *params, repr(cost), lease)
         )
-        retry = reply[4]
+        retry = reply[5]
         return _new(
             Decision,
             (
-                reply[1] == 1,
+                reply[2] == 1,
                 algorithm.limit,
-                reply[2] / 1e6,
                 reply[3] / 1e6,
+                reply[4] / 1e6,
                 math.inf if retry < 0 else retry / 1e6,
                 name,
                 algorithm.window,
-                (lease or None) if reply[0] == 1 and cost > 0 else None,
+                (lease or None) if reply[1] == 1 and cost > 0 else None,
                 (),
             ),
         )
@@ -223,14 +341,15 @@ class RedisStore(_RedisBase):
         return int(self.run_script(_lua.LIMIT_SCRIPT, keys, args)) == 1
 
     def close(self) -> None:
-        """Close the per-thread connections and the connection pool."""
+        """Close the per-thread connections and the client (if the store made it)."""
         try:
             with self._conns_lock:
                 conns, self._conns = list(self._conns), weakref.WeakSet()
                 self._local = threading.local()  # every thread starts a fresh connection
             for conn in conns:
                 conn.disconnect()
-            self.client.close()
+            if self._owned and self._client is not None:
+                self._client.close()
         except Exception as exc:
             raise _store_error(exc) from exc
 
@@ -249,16 +368,19 @@ class RedisStore(_RedisBase):
 class AsyncRedisStore(_RedisBase):
     """Shared state in Redis for asyncio callers; same contract as :class:`RedisStore`.
 
-    Limiter hits issued in the same event-loop tick are sent as one EVALSHA of up to
-    ``max_batch`` requests (each still decided all or nothing); ``max_batch=1``
-    sends every hit on its own (needed if a proxy splits keys across cluster slots).
+    ``url`` may also be a ``redis.asyncio.Redis`` or
+    ``redis.asyncio.cluster.RedisCluster`` client. Limiter hits issued in the same
+    event-loop tick are sent as one EVALSHA of up to ``max_batch`` requests (each
+    still decided all or nothing; on a cluster, one EVALSHA per slot);
+    ``max_batch=1`` sends every hit on its own (needed if a proxy splits keys
+    across cluster slots).
     """
 
     __slots__ = ("_pending", "_tasks", "client", "max_batch")
 
     def __init__(
         self,
-        url: str,
+        url: str | redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
         *,
         prefix: str = "stormguard:",
         socket_timeout: float = 0.25,
@@ -267,17 +389,25 @@ class AsyncRedisStore(_RedisBase):
         max_batch: int = 128,
         **redis_kwargs: Any,
     ) -> None:
-        super().__init__(url, prefix, instances)
-        aredis = require("redis.asyncio", "redis")
-        retry_mod = require("redis.asyncio.retry", "redis")
-        backoff_mod = require("redis.backoff", "redis")
-        kwargs = _client_kwargs(socket_timeout, connect_timeout, {})
-        kwargs["retry"] = retry_mod.Retry(backoff_mod.NoBackoff(), 0)
-        kwargs.update(redis_kwargs)
-        try:
-            self.client: redis.asyncio.Redis = aredis.Redis.from_url(url, **kwargs)
-        except ValueError as exc:
-            raise ConfigError("url", str(exc)) from exc
+        if not isinstance(url, str):
+            self.client: Any = url
+            super().__init__(repr(url), prefix, instances, _is_cluster_client(url), False)
+        else:
+            retry_mod = require("redis.asyncio.retry", "redis")
+            backoff_mod = require("redis.backoff", "redis")
+            kwargs = _client_kwargs(socket_timeout, connect_timeout, {})
+            kwargs["retry"] = retry_mod.Retry(backoff_mod.NoBackoff(), 0)
+            kwargs.update(redis_kwargs)
+            node_url = _cluster_url(url)
+            try:
+                if node_url is not None:
+                    cluster_cls = require("redis.asyncio.cluster", "redis").RedisCluster
+                    self.client = cluster_cls.from_url(node_url, **kwargs)
+                else:
+                    self.client = require("redis.asyncio", "redis").Redis.from_url(url, **kwargs)
+            except ValueError as exc:
+                raise ConfigError("url", str(exc)) from exc
+            super().__init__(url, prefix, instances, node_url is not None, True)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError("max_batch", f"must be an integer >= 1, got {max_batch!r}")
         self.max_batch = max_batch
@@ -288,6 +418,10 @@ class AsyncRedisStore(_RedisBase):
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
         source, sha = load_script(name)
         try:
+            if self.cluster:
+                # A no-op once the client knows the cluster; without it, concurrent
+                # first calls race redis-py's own initialisation (broken connections).
+                await self.client.initialize()
             try:
                 return await self.client.evalsha(sha, len(keys), *keys, *args)
             except Exception as exc:
@@ -300,8 +434,19 @@ class AsyncRedisStore(_RedisBase):
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """Decide several limits at once, all or nothing, in (at most) one round trip.
 
-        Calls made in the same event-loop tick are sent together as one EVALSHA.
+        Calls made in the same event-loop tick are sent together as one EVALSHA (on
+        a cluster: one per slot, and one round trip per slot for a group whose keys
+        span slots).
         """
+        machine = self._split(requests)
+        if machine is not None:
+            reply = None
+            try:
+                while True:
+                    reply = await self.run_script(_lua.LIMIT_SCRIPT, *machine.send(reply))
+            except StopIteration as done:
+                decisions: list[Decision] = done.value
+                return decisions
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Decision]] = loop.create_future()
         pending = self._pending.get(loop)
@@ -313,10 +458,17 @@ class AsyncRedisStore(_RedisBase):
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = self._pending.pop(loop, [])
-        for start in range(0, len(batch), self.max_batch):
-            task = loop.create_task(self._send(batch[start : start + self.max_batch]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        buckets = [batch]
+        if self.cluster:  # one script call per slot (each group here is in one slot)
+            by_slot: dict[int, list[Any]] = {}
+            for item in batch:
+                by_slot.setdefault(self._slot(item[0][0]), []).append(item)
+            buckets = list(by_slot.values())
+        for bucket in buckets:
+            for start in range(0, len(bucket), self.max_batch):
+                task = loop.create_task(self._send(bucket[start : start + self.max_batch]))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def _send(
         self, batch: list[tuple[Sequence[LimitRequest], asyncio.Future[list[Decision]]]]
@@ -351,7 +503,9 @@ class AsyncRedisStore(_RedisBase):
         return int(await self.run_script(_lua.LIMIT_SCRIPT, keys, args)) == 1
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (if the store made the client)."""
+        if not self._owned:
+            return
         try:
             await self.client.aclose()
         except Exception as exc:

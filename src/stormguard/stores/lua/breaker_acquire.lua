@@ -1,3 +1,4 @@
+--#include _helpers
 -- Circuit breaker: admit or refuse one call (or, with peek, just read the state).
 -- The rules are the table in core/_breaker.py; this script applies the
 -- transitions that happen by time alone (OPEN_ELAPSED, LEASE_EXPIRED) and hands
@@ -6,16 +7,14 @@
 --
 -- KEYS: state hash, probe leases (zset id -> expiry), window hash
 -- ARGV: failure_rate min_calls window kind buckets open_for open_for_max
---       half_open_probes probe_lease jitter draw ttl | peek
+--       half_open_probes probe_lease jitter draw ttl | peek [now (tests only)]
 -- Returns {allowed, probe, generation, remaining, lease_id, state}
 local H, L, W = KEYS[1], KEYS[2], KEYS[3]
 local open_for, open_max = tonumber(ARGV[6]), tonumber(ARGV[7])
 local probes, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
 local jitter, draw, ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local peek = ARGV[13] == '1'
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now = clock_now(ARGV[14])
 
 local s = redis.call('HMGET', H, 'st', 'gen', 'until', 'reo', 'padm')
 local st = s[1] or 'closed'
@@ -24,10 +23,6 @@ local open_until = tonumber(s[3]) or 0
 local reo = tonumber(s[4]) or 0
 local padm = tonumber(s[5]) or 0
 local dirty = false
-
-local function fmt(x)
-  return string.format('%.17g', x)
-end
 
 local function first_lease()
   local first = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')

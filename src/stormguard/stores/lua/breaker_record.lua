@@ -1,12 +1,16 @@
--- Circuit breaker: record the outcome of an admitted call ('ok', 'fail'), or give
--- a probe's slot back without an outcome ('release'). Rules: core/_breaker.py.
+--#include _helpers
+-- Circuit breaker: record the outcome of an admitted call ('ok', 'fail'), give a
+-- probe's slot back without an outcome ('release'), or record a batch of closed
+-- outcomes counted by a near-cached breaker ('batch': n_ok successes and n_fail
+-- failures; 0 and 0 only reads the state). Rules: core/_breaker.py.
 -- A result from an older generation (the breaker moved on since the call was
 -- admitted, e.g. its probe lease expired) changes nothing.
 --
 -- KEYS: state hash, probe leases (zset), window hash
 -- ARGV: failure_rate min_calls window kind buckets open_for open_for_max
 --       half_open_probes probe_lease jitter draw ttl | generation probe lease_id outcome
--- Returns {state, generation}
+--       n_ok n_fail [now (tests only)]
+-- Returns {state, generation, remaining open time}
 local H, L, W = KEYS[1], KEYS[2], KEYS[3]
 local rate, min_calls = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, kind, n = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
@@ -14,9 +18,15 @@ local open_for, open_max = tonumber(ARGV[6]), tonumber(ARGV[7])
 local probes = tonumber(ARGV[8])
 local jitter, draw, ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local rgen, is_probe, lease_id, outcome = tonumber(ARGV[13]), ARGV[14] == '1', ARGV[15], ARGV[16]
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local n_ok, n_fail = 0, 0
+if outcome == 'batch' then
+  n_ok, n_fail = tonumber(ARGV[17]), tonumber(ARGV[18])
+elseif outcome == 'ok' then
+  n_ok = 1
+elseif outcome == 'fail' then
+  n_fail = 1
+end
+local now = clock_now(ARGV[19])
 
 local s = redis.call('HMGET', H, 'st', 'gen', 'until', 'reo', 'padm', 'psucc')
 local st = s[1] or 'closed'
@@ -25,10 +35,6 @@ local open_until = tonumber(s[3]) or 0
 local reo = tonumber(s[4]) or 0
 local padm = tonumber(s[5]) or 0
 local psucc = tonumber(s[6]) or 0
-
-local function fmt(x)
-  return string.format('%.17g', x)
-end
 
 -- TRIP (bump = false) or PROBE_FAILED / LEASE_EXPIRED (bump = true)
 local function open(bump)
@@ -61,39 +67,35 @@ end
 
 if rgen == gen then
   local failure = outcome == 'fail'
-  if st == 'closed' and outcome ~= 'release' then
+  if st == 'closed' and n_ok + n_fail > 0 then
     local w = redis.call('HMGET', H, 'idx', 'calls', 'fails', 'pos')
     local last = tonumber(w[1]) or -1
     local calls, fails = tonumber(w[2]) or 0, tonumber(w[3]) or 0
     local pos = tonumber(w[4]) or 0
     if kind == 'time' then
-      local idx = math.floor(now * n / window)
-      if idx > last then
-        -- Clear the buckets skipped since the newest one (at most n).
-        for i = math.max(last + 1, idx - n + 1), idx do
-          local j = i % n
-          local old = redis.call('HMGET', W, 'c' .. j, 'f' .. j)
-          calls = calls - (tonumber(old[1]) or 0)
-          fails = fails - (tonumber(old[2]) or 0)
-          redis.call('HDEL', W, 'c' .. j, 'f' .. j)
-        end
-        last = idx
-      end
+      last, calls, fails = ring_roll(W, 'c', 'f', n, window, now, last, calls, fails)
       local j = last % n
-      redis.call('HINCRBY', W, 'c' .. j, 1)
-      if failure then redis.call('HINCRBY', W, 'f' .. j, 1) end
-      calls = calls + 1
+      redis.call('HINCRBY', W, 'c' .. j, n_ok + n_fail)
+      if n_fail > 0 then redis.call('HINCRBY', W, 'f' .. j, n_fail) end
+      calls = calls + n_ok + n_fail
+      fails = fails + n_fail
     else
-      -- Count window: a ring of the last n outcomes.
-      if calls >= n then
-        if redis.call('HGET', W, 'r' .. pos) == '1' then fails = fails - 1 end
-      else
-        calls = calls + 1
+      -- Count window: a ring of the last n outcomes. A batch goes in as its
+      -- successes, then its failures (only the last n of them matter).
+      local keep_fail = math.min(n_fail, n)
+      local keep_ok = math.min(n_ok, n - keep_fail)
+      for i = 1, keep_ok + keep_fail do
+        local bad = i > keep_ok
+        if calls >= n then
+          if redis.call('HGET', W, 'r' .. pos) == '1' then fails = fails - 1 end
+        else
+          calls = calls + 1
+        end
+        redis.call('HSET', W, 'r' .. pos, bad and 1 or 0)
+        if bad then fails = fails + 1 end
+        pos = (pos + 1) % n
       end
-      redis.call('HSET', W, 'r' .. pos, failure and 1 or 0)
-      pos = (pos + 1) % n
     end
-    if failure then fails = fails + 1 end
     redis.call('HSET', H, 'idx', last, 'calls', calls, 'fails', fails, 'pos', pos)
     if fails > 0 and calls >= min_calls and fails >= rate * calls then open(false) end
   elseif st == 'half_open' and is_probe then
@@ -115,4 +117,6 @@ local ms = math.ceil(ttl * 1000)
 if open_until > 1e299 then redis.call('PERSIST', H) else redis.call('PEXPIRE', H, ms) end
 redis.call('PEXPIRE', L, ms)
 redis.call('PEXPIRE', W, ms)
-return {st, gen}
+local remaining = 0
+if st == 'open' then remaining = math.max(0, open_until - now) end
+return {st, gen, fmt(remaining)}

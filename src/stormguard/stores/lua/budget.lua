@@ -1,5 +1,6 @@
+--#include _helpers
 -- Retry budget (rules: core/_budget.py), one script for both operations.
--- KEYS: budget hash. ARGV: ratio reserve window buckets op
+-- KEYS: budget hash. ARGV: ratio reserve window buckets op [now (tests only)]
 --   op = "request": deposit one first attempt; returns the balance (retries still
 --                   allowed) as a string.
 --   op = "retry":   withdraw one retry if  retries + 1 <= ratio * first_attempts + reserve
@@ -11,29 +12,18 @@ local H = KEYS[1]
 local ratio, reserve = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, n = tonumber(ARGV[3]), tonumber(ARGV[4])
 local op = ARGV[5]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now = clock_now(ARGV[6])
 
 -- Roll the window: drop the buckets that have aged out since the last call.
 local s = redis.call('HMGET', H, 'idx', 'q', 'r')
 local last, q, r = tonumber(s[1]) or -1, tonumber(s[2]) or 0, tonumber(s[3]) or 0
-local idx = math.floor(now * n / window)
-if idx > last then
-  for i = math.max(last + 1, idx - n + 1), idx do
-    local j = i % n
-    local old = redis.call('HMGET', H, 'q' .. j, 'r' .. j)
-    q = q - (tonumber(old[1]) or 0)
-    r = r - (tonumber(old[2]) or 0)
-    redis.call('HDEL', H, 'q' .. j, 'r' .. j)
-  end
-  last = idx
-end
+last, q, r = ring_roll(H, 'q', 'r', n, window, now, last, q, r)
 
 local reply
 if op == 'request' then
   redis.call('HINCRBY', H, 'q' .. (last % n), 1)
   q = q + 1
-  reply = string.format('%.17g', ratio * q + reserve - r)
+  reply = fmt(ratio * q + reserve - r)
 elseif op == 'retry' then
   reply = 0
   if r + 1 <= ratio * q + reserve then

@@ -70,3 +70,7 @@ local function conc_renew(key, aux, lease, lease_for, now)
   conc_expire(key, aux, reset)
   return 1
 end
+
+REFUND.concurrency = function(key, aux, limit, lease_for, cost, lease, taken, now)
+  conc_release(key, aux, lease, now)
+end

@@ -1,14 +1,8 @@
 -- Fixed window: string "<window index>:<count>"; p1 = limit, p2 = window.
 ALG.fixed_window = function(key, aux, limit, window, now, cost, lease, write)
-  local index = math.floor((now + EPS) / window)
+  local index, stored, counts = read_window(key, window, now)
   local count = 0
-  local state = redis.call('GET', key)
-  if state then
-    local w, c = string.match(state, '^([^:]+):(.+)$')
-    w = tonumber(w)
-    if w > index then index = w end
-    if w == index then count = tonumber(c) end
-  end
+  if stored == index then count = counts[1] end
   local reset = wait((index + 1) * window, now)
   if cost > limit then return false, limit - count, reset, INF end
   if count + cost > limit + EPS then return false, limit - count, reset, reset end
@@ -18,4 +12,11 @@ ALG.fixed_window = function(key, aux, limit, window, now, cost, lease, write)
     redis.call('SET', key, index .. ':' .. count, 'PX', px(reset))
   end
   return true, limit - count, reset, 0
+end
+
+-- Give back only while the window the hit was counted in is the stored one.
+REFUND.fixed_window = function(key, aux, limit, window, cost, lease, taken, now)
+  local _, stored, counts = read_window(key, window, now)
+  if stored == nil or stored ~= window_index(taken, window) then return end
+  set_keep_ttl(key, stored .. ':' .. math.max(0, counts[1] - cost))
 end

@@ -3,3 +3,7 @@
 ALG.gcra = function(key, aux, rate, burst, now, cost, lease, write)
   return tat_meter(key, rate, burst, now, cost, write)
 end
+
+REFUND.gcra = function(key, aux, rate, burst, cost, lease, taken, now)
+  tat_refund(key, rate, cost, taken, now)
+end

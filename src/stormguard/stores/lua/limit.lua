@@ -3,9 +3,13 @@
 --          (kind, p1, p2, cost, lease). KEYS = key, aux for every limit in order.
 --          Each group is all or nothing: if one of its limits denies, nothing of
 --          that group is written. A batch of groups shares one TIME reading.
---          Reply, per group: all_allowed, then per limit: allowed, remaining,
+--          Reply: the TIME stamp of the decision ("<seconds>.<microseconds>"),
+--          then per group: all_allowed, then per limit: allowed, remaining,
 --          reset_after, retry_after, the last three as integer micro-units
 --          (remaining rounded down, waits rounded up; retry_after -1 = never).
+--   "refund": as "hit" with one group, plus ARGV[#ARGV] = the stamp of the hit
+--          being given back. Refunds every limit of the group, then answers as a
+--          "hit" of cost 0 (the quotas as they are after the refund).
 --   "release" / "renew": KEYS = key, aux; ARGV[2] = lease, ARGV[3] = lease seconds.
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME then writes (Redis < 5)
 local t = redis.call('TIME')
@@ -16,9 +20,23 @@ if mode == 'release' then return conc_release(KEYS[1], KEYS[2], ARGV[2], now) en
 if mode == 'renew' then
   return conc_renew(KEYS[1], KEYS[2], ARGV[2], tonumber(ARGV[3]), now)
 end
-if mode ~= 'hit' then return redis.error_reply('unknown mode ' .. tostring(mode)) end
+if mode ~= 'hit' and mode ~= 'refund' then
+  return redis.error_reply('unknown mode ' .. tostring(mode))
+end
 
-local out = {}
+local peek = nil  -- a refund answers with the quotas left: a hit of cost 0
+if mode == 'refund' then
+  local s, us = string.match(ARGV[#ARGV], '^(%d+)%.(%d+)$')
+  local taken = tonumber(s) + tonumber(us) / 1000000
+  for i = 1, tonumber(ARGV[3]) do
+    local b = 4 + (i - 1) * 5
+    REFUND[ARGV[b]](KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+      tonumber(ARGV[b + 3]), ARGV[b + 4], taken, now)
+  end
+  peek = 0
+end
+
+local out = {stamp}
 local a, k = 3, 0  -- next ARGV index, KEYS consumed
 
 local function run(base, i, cost, write)
@@ -34,14 +52,14 @@ for _ = 1, tonumber(ARGV[2]) do
   local results = {}
   local all = true
   for i = 1, n do
-    local ok, remaining, reset, retry = run(base, i, nil, n == 1)
+    local ok, remaining, reset, retry = run(base, i, peek, n == 1)
     results[i] = {ok, remaining, reset, retry}
     if not ok then all = false end
   end
   if n > 1 then
     for i = 1, n do
       if all then
-        results[i] = {run(base, i, nil, true)}
+        results[i] = {run(base, i, peek, true)}
       elseif results[i][1] then
         local _, remaining, reset = run(base, i, 0, false)
         results[i] = {true, remaining, reset, 0}

@@ -7,18 +7,12 @@ local function swc_reset(window, prev, curr, elapsed)
 end
 
 ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease, write)
-  local index = math.floor((now + EPS) / window)
+  local index, stored, counts = read_window(key, window, now)
   local prev, curr = 0, 0
-  local state = redis.call('GET', key)
-  if state then
-    local w, p, c = string.match(state, '^([^:]+):([^:]+):(.+)$')
-    w = tonumber(w)
-    if w > index then index = w end
-    if w == index then
-      prev, curr = tonumber(p), tonumber(c)
-    elseif w == index - 1 then
-      prev = tonumber(c)
-    end
+  if stored == index then
+    prev, curr = counts[1], counts[2]
+  elseif stored == index - 1 then
+    prev = counts[2]
   end
   local elapsed = math.min(window, math.max(0, now - index * window))
   local used = prev * (1 - elapsed / window) + curr
@@ -43,4 +37,20 @@ ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease,
     redis.call('SET', key, index .. ':' .. prev .. ':' .. curr, 'PX', px(reset))
   end
   return true, limit - used - cost, reset, 0
+end
+
+-- The hit counts in its own window's `current`, or in `previous` once the stored
+-- state has moved one window on; older than that it no longer counts.
+REFUND.sliding_window_counter = function(key, aux, limit, window, cost, lease, taken, now)
+  local _, stored, counts = read_window(key, window, now)
+  if stored == nil then return end
+  local at, prev, curr = stored - window_index(taken, window), counts[1], counts[2]
+  if at == 0 then
+    curr = math.max(0, curr - cost)
+  elseif at == 1 then
+    prev = math.max(0, prev - cost)
+  else
+    return
+  end
+  set_keep_ttl(key, stored .. ':' .. prev .. ':' .. curr)
 end

@@ -31,3 +31,10 @@ ALG.sliding_window_log = function(key, aux, limit, window, now, cost, lease, wri
   end
   return true, limit - used - cost, window, 0
 end
+
+-- The hit's members are scored `taken`; any `cost` of the members with that score
+-- are interchangeable (trimmed ones no longer count).
+REFUND.sliding_window_log = function(key, aux, limit, window, cost, lease, taken, now)
+  local mine = redis.call('ZRANGEBYSCORE', key, taken, taken, 'LIMIT', 0, math.ceil(cost - EPS))
+  if #mine > 0 then redis.call('ZREM', key, unpack(mine)) end
+end

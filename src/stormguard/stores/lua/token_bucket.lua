@@ -20,3 +20,21 @@ end
 ALG.token_bucket = function(key, aux, rate, burst, now, cost, lease, write)
   return tat_meter(key, rate, burst, now, cost, write)
 end
+
+-- A hit's cost / rate stays in the meter until the meter drains past it (taken +
+-- cost / rate); after that a full bucket may have absorbed it, so give back only
+-- what is left of it.
+local function tat_refund(key, rate, cost, taken, now)
+  local tat = tonumber(redis.call('GET', key))
+  if tat == nil then return end
+  tat = tat - math.min(cost / rate, math.max(0, taken + cost / rate - now))
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, tat, 'PX', px(tat - now))
+  end
+end
+
+REFUND.token_bucket = function(key, aux, rate, burst, cost, lease, taken, now)
+  tat_refund(key, rate, cost, taken, now)
+end

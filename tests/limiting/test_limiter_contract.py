@@ -90,6 +90,28 @@ async def test_group_denial_consumes_nothing(make_limiter: Factory, kind: str) -
 
 
 @pytest.mark.parametrize("kind", KINDS)
+async def test_group_denial_by_a_later_limit_gives_back_the_earlier(
+    make_limiter: Factory, kind: str
+) -> None:
+    """A limit that refuses after another allowed leaves that other one untouched.
+
+    (On a cluster, "all" and "u1" live in different slots: the first limit is taken,
+    the second refuses, and the first is refunded.)
+    """
+    shared = make_limiter(ALGORITHMS[kind](5), name="global")
+    per_client = make_limiter(ALGORITHMS[kind](1), name="client")
+    assert (await shared.hit_many([(shared, "all"), (per_client, "u1")])).allowed
+    for _ in range(3):
+        denied = await shared.hit_many([(shared, "all"), (per_client, "u1")])
+        assert not denied.allowed
+        assert denied.name == "client"
+        assert [p.allowed for p in denied.parts] == [True, False]
+        assert math.floor(denied.parts[0].remaining + 1e-6) == 4
+    assert math.floor((await shared.hit("all", 0)).remaining + 1e-6) == 4
+    assert [(await shared.hit("all")).allowed for _ in range(5)] == [True] * 4 + [False]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_group_headers_list_every_policy(make_limiter: Factory, kind: str) -> None:
     """A group decision's headers carry one RateLimit item per limit."""
     a = make_limiter(ALGORITHMS[kind](3), name="client")

@@ -1,0 +1,188 @@
+"""The near cache of a Redis-shared breaker: closed calls cost no round trip, bounded staleness."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from protection_support import fake_time_redis_store
+
+from stormguard import CircuitOpen, ConfigError
+from stormguard.protection import CircuitBreaker
+from stormguard.testing import FakeClock
+
+pytest.importorskip("redis")
+pytestmark = pytest.mark.redis
+
+
+class Boom(Exception):
+    pass
+
+
+def boom() -> None:
+    raise Boom
+
+
+class Counted:
+    """Counts the scripts a store runs (one script call is one round trip)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls: list[str] = []
+        inner = store.run_script
+
+        def run_script(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+            self.calls.append(name)
+            return inner(name, keys, args)
+
+        store.run_script = run_script
+
+
+@pytest.fixture
+def counted(redis_url: str, key_prefix: str, clock: FakeClock) -> Iterator[Counted]:
+    """A fake-clock RedisStore whose round trips are counted."""
+    store = fake_time_redis_store(redis_url, key_prefix, clock)
+    yield Counted(store)
+    store.close()
+
+
+def shared(store: Any, clock: FakeClock, **kwargs: Any) -> CircuitBreaker:
+    settings: dict[str, Any] = {
+        "name": "api",
+        "store": store,
+        "clock": clock,
+        "min_calls": 5,
+        "open_for": 10.0,
+        "jitter": 0.0,
+    }
+    settings.update(kwargs)
+    return CircuitBreaker(**settings)
+
+
+def test_closed_calls_cost_one_round_trip_per_staleness(counted: Counted, clock: FakeClock) -> None:
+    """1,000 successful calls over 1 s cost one round trip per 100 ms, not two per call."""
+    breaker = shared(counted.store, clock)
+    for _ in range(1000):
+        breaker.call(lambda: None)
+        clock.advance(0.001)
+    assert len(counted.calls) <= 11
+    assert set(counted.calls) == {"breaker_record"}
+
+
+def test_without_the_cache_every_call_costs_two(counted: Counted, clock: FakeClock) -> None:
+    """staleness=0 asks the store twice per call (admit and record)."""
+    breaker = shared(counted.store, clock, staleness=0.0)
+    for _ in range(10):
+        breaker.call(lambda: None)
+    assert len(counted.calls) == 20
+
+
+def test_batched_successes_reach_the_shared_window(counted: Counted, clock: FakeClock) -> None:
+    """Successes counted locally land in Redis' window with the next batch."""
+    breaker = shared(counted.store, clock)
+    for _ in range(500):
+        breaker.call(lambda: None)
+    key = counted.store.key("breaker", "api")
+    assert counted.store.client.hget(key, "calls") is None  # nothing sent yet
+    clock.advance(0.1)
+    breaker.call(lambda: None)  # the cache is stale: the batch goes with the re-read
+    assert int(counted.store.client.hget(key, "calls")) == 500
+    assert len(counted.calls) == 2
+
+
+def test_own_trip_is_seen_at_once(counted: Counted, clock: FakeClock) -> None:
+    """A failure is sent at once: the process that trips the breaker refuses the next call."""
+    breaker = shared(counted.store, clock, min_calls=1)
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    with pytest.raises(CircuitOpen):
+        breaker.call(lambda: None)
+    assert breaker.state == "open"
+
+
+def test_other_processes_see_a_trip_within_staleness(
+    counted: Counted, redis_url: str, key_prefix: str, clock: FakeClock
+) -> None:
+    """Another breaker object admits on its cached 'closed' for at most `staleness` seconds."""
+    other_store = fake_time_redis_store(redis_url, key_prefix, clock)
+    try:
+        first = shared(counted.store, clock, min_calls=1)
+        second = shared(other_store, clock, min_calls=1)
+        assert second.call(lambda: 1) == 1  # reads "closed" into its cache
+        with pytest.raises(Boom):
+            first.call(boom)
+        clock.advance(0.05)
+        assert second.call(lambda: 2) == 2  # still within the staleness bound
+        clock.advance(0.06)
+        with pytest.raises(CircuitOpen):
+            second.call(lambda: None)
+    finally:
+        other_store.close()
+
+
+def test_open_refusals_cost_no_round_trip(counted: Counted, clock: FakeClock) -> None:
+    """While the cached state says open, refusals are local."""
+    breaker = shared(counted.store, clock, min_calls=1)
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    before = len(counted.calls)
+    for _ in range(100):
+        with pytest.raises(CircuitOpen):
+            breaker.call(lambda: None)
+    assert len(counted.calls) == before
+
+
+def test_half_open_is_always_asked(counted: Counted, clock: FakeClock) -> None:
+    """In half-open every admission runs breaker_acquire (the fleet-wide probe limit)."""
+    breaker = shared(counted.store, clock, min_calls=1)
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    clock.advance(10.0)
+    probe = breaker.acquire()
+    assert probe.probe
+    with pytest.raises(CircuitOpen):
+        breaker.acquire()
+    assert counted.calls[-2:] == ["breaker_record", "breaker_acquire"]
+    probe.record(failure=False)
+    assert breaker.state == "closed"
+
+
+def test_staleness_stays_below_the_shortest_open_time(counted: Counted, clock: FakeClock) -> None:
+    """A cached 'closed' can never reach a later half-open: staleness <= half the open time."""
+    breaker = shared(counted.store, clock, open_for=0.1, jitter=0.2, staleness=5.0)
+    breaker.call(lambda: None)
+    clock.advance(0.041)
+    calls = len(counted.calls)
+    breaker.call(lambda: None)
+    assert len(counted.calls) == calls + 1  # 0.041 > 0.5 * 0.1 * 0.8: asked again
+
+
+@pytest.mark.parametrize("staleness", [-0.1, float("inf"), True, "0.1"])
+def test_invalid_staleness_is_a_config_error(staleness: Any) -> None:
+    """staleness must be a finite number of seconds >= 0."""
+    with pytest.raises(ConfigError, match="staleness"):
+        CircuitBreaker(staleness=staleness)
+
+
+def test_threads_share_one_refresh(counted: Counted, clock: FakeClock) -> None:
+    """50 threads finding the cache stale together make one round trip between them."""
+    import threading
+
+    breaker = shared(counted.store, clock)
+    breaker.call(lambda: None)
+    clock.advance(0.2)
+    before = len(counted.calls)
+    start = threading.Barrier(50)
+
+    def caller() -> None:
+        start.wait()
+        for _ in range(20):
+            breaker.call(lambda: None)
+
+    threads = [threading.Thread(target=caller) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(counted.calls) - before == 1
