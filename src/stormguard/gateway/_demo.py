@@ -303,7 +303,7 @@ def run_gateway_demo(**kwargs: Any) -> list[GatewayDemoResult]:
     help="Save a screenshot of the dashboard during the outage (needs playwright + chromium).",
 )
 def gateway_demo_command(outage: float, hold: float, png: str, screenshot: str | None) -> None:
-    """The gateway in front of a failing upstream: naive loop vs stormguard client (~35 s)."""
+    """The gateway in front of a failing upstream: naive loop vs stormguard client (~40 s)."""
     logging.getLogger("stormguard").addHandler(logging.NullHandler())  # the table says it
     console = Console()
     console.print(
