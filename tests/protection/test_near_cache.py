@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,7 +37,11 @@ class Counted:
             self.calls.append(name)
             return inner(name, keys, args)
 
-        store.run_script = run_script
+        async def arun_script(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+            self.calls.append(name)
+            return await inner(name, keys, args)
+
+        store.run_script = arun_script if inspect.iscoroutinefunction(inner) else run_script
 
 
 @pytest.fixture
@@ -186,3 +191,24 @@ def test_threads_share_one_refresh(counted: Counted, clock: FakeClock) -> None:
     for t in threads:
         t.join(30)
     assert len(counted.calls) - before == 1
+
+
+async def test_tasks_share_one_refresh(redis_url: str, key_prefix: str, clock: FakeClock) -> None:
+    """50 tasks of one loop finding the cache stale together make one round trip."""
+    import asyncio
+
+    from protection_support import fake_time_async_redis_store
+
+    store = fake_time_async_redis_store(redis_url, key_prefix, clock)
+    counted = Counted(store)
+    breaker = shared(store, clock)
+
+    async def ok() -> None:
+        await asyncio.sleep(0)
+
+    await breaker.acall(ok)
+    clock.advance(0.2)
+    before = len(counted.calls)
+    await asyncio.gather(*(breaker.acall(ok) for _ in range(50)))
+    assert len(counted.calls) - before == 1
+    await store.aclose()

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from .._errors import ConfigError
 from ._window import RingWindow
@@ -194,36 +194,9 @@ class BreakerCore:
         "reopens",
     )
 
-    def __init__(
-        self,
-        *,
-        failure_rate: float = 0.5,
-        min_calls: int = 10,
-        window: float = 30.0,
-        window_kind: WindowKind = "time",
-        buckets: int = 10,
-        open_for: float = 5.0,
-        open_for_max: float = 300.0,
-        half_open_probes: int = 1,
-        probe_lease: float = 30.0,
-        slow_call: float | None = None,
-        jitter: float = 0.1,
-    ) -> None:
-        self._setup(
-            BreakerConfig(
-                failure_rate=failure_rate,
-                min_calls=min_calls,
-                window=window,
-                window_kind=window_kind,
-                buckets=buckets,
-                open_for=open_for,
-                open_for_max=open_for_max,
-                half_open_probes=half_open_probes,
-                probe_lease=probe_lease,
-                slow_call=slow_call,
-                jitter=jitter,
-            )
-        )
+    def __init__(self, config: BreakerConfig | None = None, /, **settings: Any) -> None:
+        """A core for ``config``, or for ``BreakerConfig(**settings)`` (the same keywords)."""
+        self._setup(config if config is not None else BreakerConfig(**settings))
 
     @classmethod
     def from_config(cls, config: BreakerConfig) -> BreakerCore:

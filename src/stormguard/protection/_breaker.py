@@ -256,20 +256,11 @@ class CircuitBreaker:
         if permit.remote:
             store = self._store
             assert store is not None
-            adm, verdict = permit.admission, self._judged(permit, now, outcome)
-            if store.staleness and not adm.probe:
-                # A closed call admitted on the near cache: counted for the next batch.
-                if verdict == "release" or not store.batched(
-                    adm.generation, verdict == "fail", now
-                ):
-                    return
-                ask: Callable[[], Any] = lambda: store.refresh(now)  # noqa: E731
-            else:
-                ask = lambda: store.record(adm.generation, adm.probe, permit.lease_id, verdict)  # noqa: E731
+            verdict = self._judged(permit, now, outcome)
             # On a store failure the outcome is lost; the local core decides from now.
-            reply = self._health.call(ask, _no_reply)
-            if reply is not None:
-                self._observe_remote(_state_of(reply))
+            state = self._health.call(lambda: store.report(permit, verdict, now), _no_reply)
+            if state is not None:
+                self._observe_remote(state)
             return
         admission = permit.admission
         if outcome == "release":
@@ -300,16 +291,10 @@ class CircuitBreaker:
         store = self._store
         assert store is not None
         now = self._monotonic()
-        adm, verdict = permit.admission, self._judged(permit, now, outcome)
-        if store.staleness and not adm.probe:
-            if verdict == "release" or not store.batched(adm.generation, verdict == "fail", now):
-                return
-            ask: Callable[[], Awaitable[Any]] = lambda: store.arefresh(now)  # noqa: E731
-        else:
-            ask = lambda: store.arecord(adm.generation, adm.probe, permit.lease_id, verdict)  # noqa: E731
-        reply = await self._health.acall(ask, _no_reply)
-        if reply is not None:
-            self._observe_remote(_state_of(reply))
+        verdict = self._judged(permit, now, outcome)
+        state = await self._health.acall(lambda: store.areport(permit, verdict, now), _no_reply)
+        if state is not None:
+            self._observe_remote(state)
 
     def _judged(self, permit: Permit, now: float, outcome: Outcome) -> Outcome:
         # The store's scripts get the verdict; slow_call is judged here, on our clock.
@@ -652,10 +637,6 @@ class CircuitBreaker:
                 listener(event)
             except Exception:
                 logger.exception("circuit breaker listener %r failed", listener)
-
-
-def _state_of(reply: RemoteAdmission | tuple[str, int]) -> str:
-    return reply.state if isinstance(reply, RemoteAdmission) else reply[0]
 
 
 def _no_reply() -> None:

@@ -29,14 +29,17 @@
 # seeded breaker is reproducible; `ttl` lets idle breakers expire from Redis.
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from ..core._breaker import BreakerConfig
 from ..stores._fallback import ScriptStore
+from ._permit import Permit
 
 __all__ = ["BreakerStore", "RemoteAdmission"]
 
@@ -64,6 +67,7 @@ class BreakerStore:
     """Runs one named breaker's scripts on a shared store (raises StoreError)."""
 
     __slots__ = (
+        "_arefreshing",
         "_batch",
         "_cache",
         "_lock",
@@ -105,6 +109,9 @@ class BreakerStore:
         self.staleness = min(staleness, 0.5 * config.open_for * (1.0 - config.jitter))
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
+        self._arefreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
         # (read at, closed admission or None, open until, generation, state): one
         # tuple replaced at once, so a lock-free reader sees one consistent reading.
         self._cache: tuple[float, RemoteAdmission | None, float, int, str] = (
@@ -208,7 +215,7 @@ class BreakerStore:
     async def aadmit(self, now: float) -> RemoteAdmission:
         """Async twin of :meth:`admit`."""
         if self.staleness > 0:
-            answer = self.cached(now) or await self.arefresh(now)
+            answer = self.cached(now) or await self._arefresh_once(now)
             if answer.state != "half_open":
                 return answer
         return await self.aacquire()
@@ -225,12 +232,58 @@ class BreakerStore:
             return self.cached(now) or await self.arefresh(now)
         return await self.aacquire(peek=True)
 
+    def _route(self, permit: Permit, outcome: str, now: float) -> str:
+        # A closed call admitted on the near cache is counted for the next batch:
+        # "later", or "refresh" when the batch is due. Anything else: "record" now.
+        admission = permit.admission
+        if not self.staleness or admission.probe:
+            return "record"
+        if outcome != "release" and self.batched(admission.generation, outcome == "fail", now):
+            return "refresh"
+        return "later"
+
+    def report(self, permit: Permit, outcome: str, now: float) -> str | None:
+        """Report a permit's outcome; the state the store answered (None: not asked)."""
+        route = self._route(permit, outcome, now)
+        if route == "refresh":
+            return self.refresh(now).state
+        if route == "record":
+            adm = permit.admission
+            return self.record(adm.generation, adm.probe, permit.lease_id, outcome)[0]
+        return None
+
+    async def areport(self, permit: Permit, outcome: str, now: float) -> str | None:
+        """Async twin of :meth:`report`."""
+        route = self._route(permit, outcome, now)
+        if route == "refresh":
+            return (await self.arefresh(now)).state
+        if route == "record":
+            adm = permit.admission
+            return (await self.arecord(adm.generation, adm.probe, permit.lease_id, outcome))[0]
+        return None
+
     # -- the scripts ---------------------------------------------------------------------
 
     def acquire(self, *, peek: bool = False) -> RemoteAdmission:
         """Admit one call (or, with ``peek``, only read the state)."""
         args = self._args("1" if peek else "0")
         return self._admission(self.shared.run("breaker_acquire", self.keys, args))
+
+    async def _arefresh_once(self, now: float) -> RemoteAdmission:
+        # The tasks of one event loop finding the cache stale together: the first
+        # refreshes, the others wait for it (never blocking the loop on a lock).
+        loop = asyncio.get_running_loop()
+        running = self._arefreshing.get(loop)
+        if running is not None:
+            await asyncio.shield(running)
+            return self.cached(now) or await self.arefresh(now)
+        done: asyncio.Future[None] = loop.create_future()
+        self._arefreshing[loop] = done
+        try:
+            return await self.arefresh(now)
+        finally:
+            del self._arefreshing[loop]
+            done.set_result(None)
 
     async def aacquire(self, *, peek: bool = False) -> RemoteAdmission:
         """Async twin of :meth:`acquire`."""
