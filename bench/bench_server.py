@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+
+from bench.bench_breaker import _redis
 
 HUGE = "1000000/minute"
 CALLERS = 32  # concurrent requests on the Redis rows (a server is concurrent)
@@ -159,40 +155,6 @@ def _fastapi_limiter(bucket: Any = None) -> Any:
     return _fastapi(FLRateLimiter(limiter))
 
 
-@contextmanager
-def _redis_url() -> Iterator[str | None]:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    exe = shutil.which("redis-server")
-    if exe is None:
-        yield None
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="stormguard-bench-redis-")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", workdir],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:8.1f} µs"
 
@@ -228,7 +190,7 @@ async def _bench(quick: bool) -> None:
     ours = ["stormguard RateLimitMiddleware", "stormguard stormguard_limit (dep.)"]
     _report("memory", times, ours, peers)
 
-    with _redis_url() as url:
+    with _redis() as url:  # REDIS_URL, else a redis-server of the run's own
         if url is None:
             print("\nRedis: redis-server not found, skipped")
         else:

@@ -234,3 +234,14 @@ async def test_answer_over_max_response_is_neither_replayed_nor_rerun() -> None:
         retry = await c.post("/pay", content=b"a long enough body", headers=key("k"))
     assert (first.status_code, retry.status_code) == (201, 409)
     assert app.counts == {"/pay::k": 1}
+
+
+def test_memory_claims_stay_bounded(clock: FakeClock) -> None:
+    """Expired entries are dropped as writes pass them; past max_keys the oldest goes."""
+    claims = MemoryClaims(clock=clock.monotonic, max_keys=2)
+    for name in ("a", "b", "c"):
+        claims.claim(name, "fp", "o", 10)
+    assert list(claims._data) == ["b", "c"]
+    clock.advance(11)
+    claims.claim("d", "fp", "o", 10)
+    assert list(claims._data) == ["d"]

@@ -169,9 +169,9 @@ async def test_headers_on_allowed_responses(on_allowed: bool) -> None:
     ("trusted", "peer", "forwarded", "same_bucket"),
     [
         ([], "10.0.0.1", {"X-Forwarded-For": "1.1.1.1"}, True),  # never trusted by default
-        (["10.0.0.0/8"], "10.0.0.1", {"X-Forwarded-For": "1.1.1.1"}, False),
-        (["10.0.0.0/8"], "10.0.0.1", {"Forwarded": 'for="1.1.1.1:99"'}, False),
-        (["10.0.0.0/8"], "192.0.2.9", {"X-Forwarded-For": "1.1.1.1"}, True),  # untrusted peer
+        (["10.8.0.0/16"], "10.8.0.1", {"X-Forwarded-For": "1.1.1.1"}, False),
+        (["10.8.0.0/16"], "10.8.0.1", {"Forwarded": 'for="1.1.1.1:99"'}, False),
+        (["10.8.0.0/16"], "192.0.2.9", {"X-Forwarded-For": "1.1.1.1"}, True),  # untrusted peer
     ],
 )
 async def test_forwarded_headers_only_from_trusted_proxies(
@@ -189,10 +189,10 @@ async def test_forwarded_headers_only_from_trusted_proxies(
 async def test_rightmost_untrusted_forwarded_hop_is_the_client() -> None:
     """A spoofed left-most X-Forwarded-For entry does not choose the bucket."""
     app = RateLimitMiddleware(
-        Counting(), [Rule("1/minute", key="ip")], trusted_proxies=["10.0.0.0/8"]
+        Counting(), [Rule("1/minute", key="ip")], trusted_proxies=["10.8.0.0/16"]
     )
-    async with client(app) as c:
-        first = await c.get("/", headers={"X-Forwarded-For": "6.6.6.6, 1.1.1.1, 10.0.0.7"})
+    async with client(app, peer="10.8.0.1") as c:
+        first = await c.get("/", headers={"X-Forwarded-For": "6.6.6.6, 1.1.1.1, 10.8.0.7"})
         spoofed = await c.get("/", headers={"X-Forwarded-For": "7.7.7.7, 1.1.1.1"})
     assert (first.status_code, spoofed.status_code) == (200, 429)
 

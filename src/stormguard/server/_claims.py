@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -47,35 +48,40 @@ class ClaimStore(Protocol):
 
 
 class MemoryClaims:
-    """Claims in this process: the core table under one lock; ``clock()`` gives seconds."""
+    """Claims in this process: the core table under one lock; ``clock()`` gives seconds.
 
-    __slots__ = ("_clock", "_data", "_lock", "_writes", "max_keys")
+    Bounded: expired entries are dropped as writes pass them, and past ``max_keys``
+    the least recently written entry goes (that key could then run again).
+    """
+
+    __slots__ = ("_clock", "_data", "_lock", "max_keys")
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_keys: int = 100_000):
         self._clock = clock
-        self._data: dict[str, ClaimEntry] = {}
+        self._data: OrderedDict[str, ClaimEntry] = OrderedDict()
         self._lock = threading.Lock()
-        self._writes = 0
         self.max_keys = max_keys
 
     def _apply(self, key: str, event: Callable[[ClaimEntry | None, float], Step]) -> ClaimResult:
         with self._lock:
             now = self._clock()
-            entry, result = event(self._data.get(key), now)
+            data = self._data
+            entry, result = event(data.get(key), now)
             if entry is None:
-                self._data.pop(key, None)
-            else:
-                self._data[key] = entry
-                self._writes += 1
-                if self._writes % 256 == 0 or len(self._data) > self.max_keys:
-                    self._sweep(now)
+                data.pop(key, None)
+                return result
+            data[key] = entry
+            data.move_to_end(key)
+            # Oldest writes first: drop up to two expired ones per write (amortized
+            # O(1), like MemoryStore), and the oldest entry past max_keys.
+            for _ in range(2):
+                oldest = next(iter(data))
+                if data[oldest].until > now:
+                    break
+                del data[oldest]
+            if len(data) > self.max_keys:
+                data.popitem(last=False)
             return result
-
-    def _sweep(self, now: float) -> None:
-        for key in [k for k, e in self._data.items() if e.until <= now]:
-            del self._data[key]
-        while len(self._data) > self.max_keys:  # oldest first (dicts keep insertion order)
-            del self._data[next(iter(self._data))]
 
     def claim(self, key: str, fp: str, owner: str, lease: float) -> ClaimResult:
         """Take ``key`` for a request with fingerprint ``fp`` (see core/_idempotency.py)."""
