@@ -18,6 +18,7 @@ BENCHMARKS = {
     "fuzz_headers": "bench.fuzz_headers",
     "server": "bench.bench_server",
     "gateway": "bench.bench_gateway",
+    "gateway-grpc": "bench.bench_gateway_grpc",
 }
 
 

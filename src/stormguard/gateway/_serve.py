@@ -183,12 +183,20 @@ async def _serve(
         servers.append(_server(admin_app, config, admin=True))
     watcher = _Watcher(path, gateway, admin_app)
     loop = asyncio.get_running_loop()
+    grpc_leg = None
+    grpc_stops: list[asyncio.Future[None]] = []
+    if config.listen.grpc:  # the gRPC leg (grpcio needed only then)
+        from ._grpc_server import start_gateway_grpc
+
+        grpc_leg = await start_gateway_grpc(gateway)
 
     def stop() -> None:
         gateway.ready = False
         gateway.hub.shutdown()  # WebSockets close with 1001 before the server drains
         for server in servers:
             server.should_exit = True
+        if grpc_leg is not None:
+            grpc_stops.append(asyncio.ensure_future(grpc_leg.server.stop(config.drain)))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
@@ -198,6 +206,8 @@ async def _serve(
         await asyncio.gather(*(s.serve(sockets=s.sockets) for s in servers))
     finally:
         poller.cancel()
+        if grpc_leg is not None:
+            await grpc_leg.stop(config.drain)
 
 
 def _print_ready(config: GatewayConfig, workers: int) -> None:
