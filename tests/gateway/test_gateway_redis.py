@@ -116,7 +116,7 @@ def test_redis_outage_follows_on_store_error(
 
 
 def test_workers_share_limits_and_metrics(
-    owned_redis: Any, upstream_factory: Factory, gateway_factory: Factory
+    owned_redis: Any, upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
     """--workers 2: the limit holds across workers; /metrics and /status add them up."""
     up = upstream_factory()
@@ -126,7 +126,7 @@ def test_workers_share_limits_and_metrics(
         with httpx.Client() as client:  # a new connection each time: spread over workers
             codes.append(client.get(f"{gw.url}/echo", headers={"X-API-Key": "alice"}).status_code)
     assert codes == [200] * 5 + [429] * 4
-    status = gw.status()
-    assert status["routes"]["/"] == {"allowed": 5, "limited:pc": 4}
+    # Counted right after each answer went out: poll until the last count lands.
+    eventually(lambda: gw.status()["routes"]["/"] == {"allowed": 5, "limited:pc": 4})
     _, metrics = gw.admin("/metrics")
     assert b'stormguard_gateway_requests_total{outcome="allowed",route="/"} 5.0' in metrics
