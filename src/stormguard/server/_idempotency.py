@@ -317,6 +317,21 @@ class IdempotencyMiddleware:
         headers: list[tuple[str, str]] = []
         chunks: list[bytes] = []
         size = 0
+        recorded = False
+
+        async def record() -> None:
+            # The outcome is recorded BEFORE the last byte goes out: a client that has
+            # its answer and retries at once finds the replay (or, after a 5xx, a
+            # released key), never a claim still in flight.
+            nonlocal recorded
+            recorded = True
+            if size > self.max_response and status < 500:
+                # It ran, but its answer is too large to keep: no replay and no
+                # second run -- the claim stays in flight (409) until its lease ends.
+                _log.warning("idempotency: response over max_response; claim kept")
+                return
+            stored = encode_response(status, headers, b"".join(chunks))
+            await self.guard.afinish(ticket, status, stored)
 
         async def capture(message: Message) -> None:
             nonlocal status, size
@@ -331,21 +346,16 @@ class IdempotencyMiddleware:
                 size += len(chunk)
                 if size <= self.max_response:
                     chunks.append(chunk)
+                if not message.get("more_body") and not recorded:
+                    await record()
             await send(message)
 
         try:
             await self.app(scope, replay_body, capture)
         except Exception:
-            await self.guard.aabandon(ticket)
+            if not recorded:
+                await self.guard.aabandon(ticket)
             raise
         # A cancelled request (BaseException) keeps its claim: its outcome is unknown.
-        if status == 0:
-            await self.guard.aabandon(ticket)
-            return
-        if size > self.max_response and status < 500:
-            # It ran, but its answer is too large to keep: no replay and no second
-            # run -- the claim stays in flight (409) until its lease ends.
-            _log.warning("idempotency: response over max_response; claim kept until its lease")
-            return
-        body_out = b"".join(chunks)
-        await self.guard.afinish(ticket, status, encode_response(status, headers, body_out))
+        if not recorded:
+            await self.guard.aabandon(ticket)  # the app never finished an answer
