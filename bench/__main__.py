@@ -19,6 +19,7 @@ BENCHMARKS = {
     "server": "bench.bench_server",
     "gateway": "bench.bench_gateway",
     "gateway-grpc": "bench.bench_gateway_grpc",
+    "http": "bench.bench_http",
 }
 
 

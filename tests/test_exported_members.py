@@ -68,7 +68,7 @@ PROMISED = {
     ],
     "stormguard.limiting": ["AsyncRateLimiter", "LimiterStats", "RateLimiter"],
     "stormguard.stores": ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"],
-    "stormguard.testing": ["FakeClock"],
+    "stormguard.testing": ["FakeClock", "MockFactory", "MockServer"],
     "stormguard.mock": [
         "Checker",
         "MockServer",

@@ -6,6 +6,8 @@ and Redis live in their own modules and name the extra to install when missing.
 
 from __future__ import annotations
 
+import logging
+
 from ._errors import (
     BulkheadFull,
     CircuitOpen,
@@ -91,3 +93,8 @@ __all__ = [
     "wait_hint",
     "wait_hint_from_body",
 ]
+
+# Quiet by default: a library never prints through Python's last-resort handler
+# (a breaker opening would otherwise reach stderr when logging is not configured).
+# Applications that configure logging see every record as before.
+logging.getLogger("stormguard").addHandler(logging.NullHandler())

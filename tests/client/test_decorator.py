@@ -284,3 +284,87 @@ def test_breaker_seam() -> None:
 def test_public_names_are_exported() -> None:
     """The decorator and its companions are reachable from the package root."""
     assert stormguard.retry is retry and "RetryPolicy" in stormguard.__all__
+
+
+@KINDS
+def test_reraise_raises_the_last_exception_itself(kind: str) -> None:
+    """reraise=True: when attempts run out the last exception comes out, not RetryError."""
+    flaky = Flaky(ConnectionError("a"), ConnectionError("b"), ConnectionError("last"))
+    decorator = retry(on=ConnectionError, attempts=3, reraise=True, clock=FakeClock())
+    with pytest.raises(ConnectionError, match="last"):
+        run_sync_or_async(kind, decorator, flaky)
+    assert flaky.calls == 3
+
+
+@KINDS
+def test_reraise_keeps_except_httpx_connect_error_working(kind: str) -> None:
+    """The tenacity/stamina habit: `except httpx.ConnectError` still catches a given-up call."""
+    request = httpx.Request("GET", "http://127.0.0.1:9")
+    flaky = Flaky(*[httpx.ConnectError("refused", request=request)] * 2)
+    decorator = retry(on=httpx.ConnectError, attempts=2, reraise=True, clock=FakeClock())
+    with pytest.raises(httpx.ConnectError):
+        run_sync_or_async(kind, decorator, flaky)
+
+
+@KINDS
+def test_retry_if_false_stops_what_the_table_would_retry(kind: str) -> None:
+    """retry_if returning False ends the call at once; None leaves it to the table."""
+    seen: list[BaseException] = []
+
+    def retry_if(exc: BaseException) -> bool | None:
+        seen.append(exc)
+        return False if "fatal" in str(exc) else None
+
+    flaky = Flaky(OSError("blip"), OSError("fatal"), OSError("never reached"))
+    decorator = retry(on=OSError, retry_if=retry_if, backoff=Constant(0, 0), clock=FakeClock())
+    with pytest.raises(RetryError) as info:
+        run_sync_or_async(kind, decorator, flaky)
+    assert info.value.reason == GiveUpReason.NOT_RETRYABLE
+    assert flaky.calls == 2 and [str(e) for e in seen] == ["blip", "fatal"]
+
+
+@KINDS
+def test_retry_if_true_retries_a_409_on_get(kind: str) -> None:
+    """An HTTPStatusError 409 on GET is final by the table; retry_if can make it retryable."""
+    request = httpx.Request("GET", "https://api.example/x")
+    conflict = httpx.HTTPStatusError(
+        "409", request=request, response=httpx.Response(409, request=request)
+    )
+    flaky = Flaky(conflict)
+
+    def retry_if(exc: BaseException) -> bool | None:
+        response = getattr(exc, "response", None)
+        return True if getattr(response, "status_code", None) == 409 else None
+
+    decorator = retry(retry_if=retry_if, backoff=Constant(0, 0), clock=FakeClock())
+    assert run_sync_or_async(kind, decorator, flaky) == "done" and flaky.calls == 2
+
+
+@KINDS
+def test_giving_up_is_logged_once_with_the_reason(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attempts exhausted: two INFO retry lines, then one WARNING give-up line."""
+    flaky = Flaky(*[ConnectionError("down")] * 3)
+    decorator = retry(on=ConnectionError, attempts=3, backoff=Constant(0, 0), clock=FakeClock())
+    with caplog.at_level(logging.INFO, logger="stormguard"), pytest.raises(RetryError):
+        run_sync_or_async(kind, decorator, flaky)
+    levels = [r.levelno for r in caplog.records if r.name == "stormguard"]
+    assert levels == [logging.INFO, logging.INFO, logging.WARNING]
+    last = caplog.records[-1]
+    assert "attempts exhausted" in last.getMessage()
+    assert last.stormguard["attempts"] == 3  # type: ignore[attr-defined]
+
+
+def test_a_final_failure_on_the_first_attempt_is_not_a_give_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failure the table never retries, on the first attempt, logs nothing."""
+    request = httpx.Request("POST", "https://api.example/pay")
+    error = httpx.HTTPStatusError(
+        "502", request=request, response=httpx.Response(502, request=request)
+    )
+    decorator = retry(clock=FakeClock())
+    with caplog.at_level(logging.INFO, logger="stormguard"), pytest.raises(RetryError):
+        run_sync_or_async("sync", decorator, Flaky(error))
+    assert [r for r in caplog.records if r.name == "stormguard"] == []

@@ -214,3 +214,45 @@ def test_breaker_and_budget_plug_in_through_the_policy(server: Server) -> None:
     with pytest.raises(stormguard.CircuitOpen):
         call_sync(server.port, policy=policy, idempotent=True, clock=FakeClock())
     assert len(server.script.seen) == 2
+
+
+@pytest.mark.redis
+async def test_async_interceptor_awaits_a_budget_on_an_async_redis_store(
+    server: Server, redis_url: str, key_prefix: str
+) -> None:
+    """Drift bug: AsyncRetryInterceptor used the sync budget/breaker calls (TypeError)."""
+    pytest.importorskip("redis")
+    import stormguard
+    from stormguard.stores import AsyncRedisStore
+
+    store = AsyncRedisStore(redis_url, prefix=key_prefix)
+    budget = stormguard.RetryBudget(store=store, name="grpc")
+    breaker = stormguard.CircuitBreaker(store=store, name="grpc", min_calls=100)
+    policy = RetryPolicy(attempts=3, backoff=Constant(0.0, 0.0), budget=budget, breaker=breaker)
+    server.play(UNAVAILABLE, grpc.StatusCode.OK)
+    interceptor = AsyncRetryInterceptor(policy=policy, idempotent=True, clock=FakeClock())
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{server.port}", interceptors=[interceptor]
+    ) as channel:
+        reply = await channel.unary_unary(METHOD)(b"5", timeout=10)
+    assert reply == b"charged:5" and len(server.script.seen) == 2
+    await store.aclose()
+
+
+def test_retry_if_makes_a_code_outside_the_table_retryable(server: Server, call: Any) -> None:
+    """retry_if sees the failed call and can retry ABORTED on an idempotent method."""
+    aborted = grpc.StatusCode.ABORTED
+    server.play(aborted, grpc.StatusCode.OK)
+
+    def retry_if(answer: Any) -> bool | None:
+        return True if answer.code == aborted else None
+
+    result = call(server.port, policy=FAST, idempotent=True, retry_if=retry_if, clock=FakeClock())
+    assert result.code == grpc.StatusCode.OK and len(server.script.seen) == 2
+
+
+def test_retry_if_cannot_retry_an_unsafe_method(server: Server, call: Any) -> None:
+    """retry_if=True does not repeat a non-idempotent call that may have been processed."""
+    server.play(UNAVAILABLE, grpc.StatusCode.OK)
+    result = call(server.port, policy=FAST, retry_if=lambda outcome: True, clock=FakeClock())
+    assert result.code == UNAVAILABLE and len(server.script.seen) == 1

@@ -361,3 +361,187 @@ def test_wait_hint_from_a_429_body(server: ScriptedServer, send: Sender) -> None
     assert result.status == 200
     assert len(clock.sleeps) == 1 and 0.75 <= clock.sleeps[0] <= 0.825
     assert result.records[0].hint_used
+
+
+def test_one_shot_body_transport_error_is_never_retried(dead_url: str, send: Sender) -> None:
+    """Every adapter ends a one-shot-body request at its first transport error, no retry."""
+    clock = FakeClock()
+    result = send(dead_url, method="PUT", content=iter([b"a", b"b"]), policy=FAST, clock=clock)
+    assert result.error is not None and result.records == [] and clock.sleeps == []
+
+
+def test_one_shot_body_beats_should_retry_and_retry_if(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """A body that cannot be replayed is not retried even when the server or retry_if says so."""
+    server.script(Step(503, {"x-should-retry": "true"}), Step(200))
+    policy = FAST.replace(retry_if=lambda subject: True)
+    result = send(
+        server.url, method="PUT", content=iter([b"a", b"b"]), policy=policy, clock=FakeClock()
+    )
+    assert result.status == 503 and len(server.received) == 1 and result.records == []
+
+
+def test_retry_if_retries_a_409_on_get(server: ScriptedServer, send: Sender) -> None:
+    """retry_if sees the response: True makes a 409 (outside the table) retryable on GET."""
+    server.script(Step(409), Step(200))
+    seen: list[int] = []
+
+    def retry_if(response: Any) -> bool | None:
+        seen.append(response.status_code)
+        return True if response.status_code == 409 else None
+
+    result = send(server.url, policy=FAST.replace(retry_if=retry_if), clock=FakeClock())
+    assert result.status == 200 and len(server.received) == 2 and seen == [409]
+
+
+def test_retry_if_tells_bad_credentials_403_from_a_rate_limit(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """retry_if=False on a failure the table would retry: returned after one attempt."""
+    server.script(Step(503, body=b"Bad credentials"), Step(200))
+
+    def retry_if(response: Any) -> bool | None:
+        return False if b"Bad credentials" in response.content else None
+
+    result = send(server.url, policy=FAST.replace(retry_if=retry_if), clock=FakeClock())
+    assert result.status == 503 and len(server.received) == 1
+
+
+def test_retry_if_cannot_retry_an_unkeyed_post_that_may_have_been_processed(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """retry_if=True does not repeat an unkeyed POST whose 503 may mean 'processed'."""
+    server.script(Step(503), Step(201))
+    policy = FAST.replace(retry_if=lambda response: True)
+    result = send(server.url, method="POST", content=b"{}", policy=policy, clock=FakeClock())
+    assert result.status == 503 and len(server.received) == 1
+
+
+def test_should_retry_true_beats_the_table_in_every_adapter(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """x-should-retry: true retries even an unkeyed POST 503; false never retries a 429."""
+    server.script(Step(503, {"x-should-retry": "true"}), Step(429, {"x-should-retry": "false"}))
+    result = send(server.url, method="POST", content=b"{}", policy=FAST, clock=FakeClock())
+    assert result.status == 429 and len(server.received) == 2
+
+
+@pytest.mark.parametrize("adapter", ["httpx", "requests"])
+def test_retry_if_keyword_on_the_adapters(server: ScriptedServer, adapter: str) -> None:
+    """RetryTransport(retry_if=...) and RetryAdapter(retry_if=...) join it to the policy."""
+    server.script(Step(409), Step(200))
+
+    def retry_if(response: Any) -> bool | None:
+        return response.status_code == 409 or None
+
+    if adapter == "httpx":
+        transport = RetryTransport(policy=FAST, retry_if=retry_if, clock=FakeClock())
+        with httpx.Client(transport=transport) as client:
+            status = client.get(server.url).status_code
+    else:
+        with requests.Session() as session:
+            session.mount(
+                "http://", RetryAdapter(policy=FAST, retry_if=retry_if, clock=FakeClock())
+            )
+            status = session.get(server.url, timeout=10).status_code
+    assert status == 200 and len(server.received) == 2
+
+
+def test_giving_up_is_logged_once_at_warning(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retry-After: 86400 -> one WARNING give-up line with the reason, status and hint."""
+    server.script(Step(429, {"Retry-After": "86400"}))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        result = send(server.url + "/x?api_key=secret", policy=FAST, clock=FakeClock())
+    assert result.status == 429
+    warnings = [r for r in caplog.records if r.name == "stormguard"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    message = warnings[0].getMessage()
+    assert "hint too long" in message and "status 429" in message and "secret" not in message
+    fields = warnings[0].stormguard  # type: ignore[attr-defined]
+    assert fields["event"] == "give_up" and fields["reason"] == "hint too long"
+    assert fields["attempts"] == 1 and fields["hint"] == 86400.0
+
+
+def test_retry_records_travel_as_structured_fields(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each retry line carries extra={'stormguard': {...}} with stable field names."""
+    server.script(Step(503), Step(200))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        send(server.url, policy=FAST, clock=FakeClock())
+    (record,) = [r for r in caplog.records if r.name == "stormguard"]
+    fields = record.stormguard  # type: ignore[attr-defined]
+    assert set(fields) == {
+        "event",
+        "attempt",
+        "wait",
+        "reason",
+        "hint_used",
+        "hint",
+        "elapsed",
+        "target",
+        "body",
+        "quota",
+    }
+    assert fields["event"] == "retry" and fields["reason"] == "status 503"
+
+
+LIMIT_BODY = b'{"message": "API rate limit exceeded for user ID 42."}'
+GITHUB_LIMIT = {
+    "Retry-After": "1",
+    "Content-Type": "application/json",
+    "X-RateLimit-Limit": "5000",
+    "X-RateLimit-Remaining": "0",
+    "X-RateLimit-Resource": "core",
+    "X-RateLimit-Reset-After": "1",
+}
+
+
+def test_the_retry_line_names_the_limit_from_the_body_and_the_quota(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """429 + Retry-After + a JSON body naming the limit: the INFO line and record carry both."""
+    server.script(Step(429, GITHUB_LIMIT, body=LIMIT_BODY), Step(200))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        result = send(server.url, policy=FAST, clock=FakeClock())
+    assert result.status == 200
+    (record,) = result.records
+    assert record.body is not None and "rate limit exceeded for user ID 42" in record.body
+    assert record.quota is not None and record.quota.remaining == 0
+    assert record.quota.limit == 5000
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "stormguard"]
+    assert "API rate limit exceeded for user ID 42" in line and "0/5000" in line
+
+
+def test_the_give_up_line_carries_the_body(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retry-After: 86400 with a body: one WARNING line that quotes the body."""
+    server.script(Step(429, {**GITHUB_LIMIT, "Retry-After": "86400"}, body=LIMIT_BODY))
+    with caplog.at_level(logging.INFO, logger="stormguard"):
+        send(server.url, policy=FAST, clock=FakeClock())
+    (record,) = [r for r in caplog.records if r.name == "stormguard"]
+    assert record.levelno == logging.WARNING
+    assert "user ID 42" in record.getMessage()
+    assert "user ID 42" in record.stormguard["body"]  # type: ignore[attr-defined]
+
+
+def test_credentials_never_reach_a_record(
+    server: ScriptedServer, send: Sender, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An Authorization header and an ?api_key= value appear in no log record or hook record."""
+    server.script(Step(429, GITHUB_LIMIT, body=LIMIT_BODY), Step(429, {"Retry-After": "86400"}))
+    with caplog.at_level(logging.DEBUG, logger="stormguard"):
+        result = send(
+            server.url + "/v1?api_key=sk-secret-1",
+            policy=FAST,
+            clock=FakeClock(),
+            headers={"Authorization": "Bearer tok-secret-2"},
+        )
+    texts = [r.getMessage() + repr(r.__dict__) for r in caplog.records] + [
+        repr(r) for r in result.records
+    ]
+    assert texts and not any("secret" in text for text in texts)

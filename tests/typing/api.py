@@ -58,3 +58,26 @@ async def use_async_retrying() -> None:
     async for attempt in stormguard.retrying(on=(OSError,), deadline=1.0):
         with attempt:
             await asyncio.sleep(0)
+
+
+@stormguard.retry(on=OSError, reraise=True, retry_if=lambda exc: None, deadline=None)
+def reraising(x: int) -> int:
+    return x
+
+
+def use_retry_if() -> None:
+    def not_bad_credentials(response: object) -> bool | None:
+        return None
+
+    RetryTransport(retry_if=not_bad_credentials)
+    RetryAdapter(retry_if=not_bad_credentials)
+    record = stormguard.RetryRecord(1, 0.5, "status 429", True, 0.5, 0.5, "GET /")
+    body: str | None = record.body
+    quota: stormguard.Quota | None = record.quota
+    print(reraising(1), body, quota)
+
+
+async def use_async_with_attempt() -> None:
+    async for attempt in stormguard.retrying(on=OSError, reraise=True):
+        async with attempt:
+            await asyncio.sleep(0)

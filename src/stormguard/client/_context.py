@@ -11,38 +11,67 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 from .._clock import Clock
 from ..core._backoff import Backoff
+from ..core._engine import Outcome
 from ..core._policy import RetryPolicy
-from ._decorator import UNSET, Config, ExceptionFilter, admit, after_exception, configure
-from ._driver import RetryCall, RetryHook, record_permit
+from ._decorator import UNSET, Config, ExceptionFilter, conclude, configure, policy_fields
+from ._driver import RetryHook, Run
 
 __all__ = ["Attempt", "Retrying", "retrying"]
 
+_SUCCESS = Outcome(None)
+
 
 class Attempt:
-    """One attempt of a :func:`retrying` loop; use it as ``with attempt:``."""
+    """One attempt of a :func:`retrying` loop; use it as ``with attempt:``.
 
-    __slots__ = ("_call", "_config", "_permit", "finished", "number", "wait")
+    In a ``for`` loop the block's end drives the call on at once (recording it,
+    deciding, waiting); in an ``async for`` loop ``with attempt:`` leaves that to
+    the loop, which awaits it, and ``async with attempt:`` does it at the block's end.
+    """
 
-    def __init__(self, call: RetryCall, config: Config) -> None:
-        self._call = call
+    __slots__ = ("_config", "_run", "_sync", "driven", "finished", "number", "outcome", "wait")
+
+    def __init__(self, run: Run, config: Config, *, sync: bool) -> None:
+        self._run = run
         self._config = config
-        self._permit: Any = None
-        self.number = call.attempts
+        self._sync = sync
+        self.number = run.conversation.attempts
         self.finished = True  # until the block fails and the policy says "again"
+        self.driven = False  # the block's exit already drove the call on
+        self.outcome: Outcome | None = None
         self.wait = 0.0
 
     def __repr__(self) -> str:
-        return f"<Attempt {self.number} of {self._call.target}>"
+        target = self._run.target
+        return f"<Attempt {self.number} of {target if isinstance(target, str) else target()}>"
+
+    def _judge(self, exc: BaseException | None) -> Outcome | None:
+        if exc is None:
+            return _SUCCESS
+        if not isinstance(exc, Exception):
+            return None  # KeyboardInterrupt, CancelledError, SystemExit pass through
+        return self._config.judge(exc)
+
+    def _after(self, more: bool) -> bool:
+        # The call went on to another attempt (swallow the exception), or ended.
+        self.driven = True
+        if more:
+            self.finished = False
+            state = self._run.conversation.state
+            self.wait = (state.previous_wait if state is not None else None) or 0.0
+            return True
+        assert self._run.finish is not None
+        conclude(self._run.finish, self._config.policy)  # raises RetryError, or returns
+        return False
 
     def __enter__(self) -> Attempt:
-        self._permit = admit(self._call)
         return self
 
     def __exit__(
@@ -51,54 +80,87 @@ class Attempt:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        if exc is None:
-            record_permit(self._permit, failure=False)
+        outcome = self.outcome = self._judge(exc)
+        if outcome is None:
+            if self._sync:  # in `async for`, the loop gives the permit back (awaited)
+                self._run.release()
             return False
-        if not isinstance(exc, Exception):
-            return False  # KeyboardInterrupt, CancelledError, SystemExit pass through
-        # Raises RetryError (the policy gave up) or exc itself (not matched by `on`).
-        self.wait = after_exception(self._call, self._config.judge, self._permit, exc)
-        self.finished = False
-        return True
+        if not self._sync:  # `async for`: the loop awaits the rest
+            return outcome.failure is not None
+        if outcome.failure is None and exc is not None:  # not ours: leave at once
+            self._run.advance(self._run.sent(outcome))
+            return False
+        return self._after(self._run.advance(self._run.sent(outcome)))
+
+    async def __aenter__(self) -> Attempt:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        outcome = self.outcome = self._judge(exc)
+        if outcome is None:
+            await self._run.arelease()
+            return False
+        more = await self._run.aadvance(self._run.sent(outcome))
+        if outcome.failure is None and exc is not None:
+            self.driven = True
+            return False
+        return self._after(more)
 
 
 class Retrying:
     """An iterable (sync and async) of :class:`Attempt` objects. See :func:`retrying`."""
 
-    __slots__ = ("_config", "_rng", "_target")
+    __slots__ = ("_config", "_target")
 
-    def __init__(self, config: Config, rng: random.Random | None, target: str) -> None:
+    def __init__(self, config: Config, target: str) -> None:
         self._config = config
-        self._rng = rng
         self._target = target
 
-    def _call(self) -> RetryCall:
-        config = self._config
-        return RetryCall(
-            config.policy,
-            target=self._target,
-            clock=config.clock,
-            rng=self._rng,
-            hooks=config.hooks,
-        )
+    def _run(self) -> Run:
+        run = self._config.engine.start(self._config.policy, target=self._target)
+        run.begin()
+        return run
 
     def __iter__(self) -> Iterator[Attempt]:
-        call = self._call()
-        while True:
-            attempt = Attempt(call, self._config)
+        run = self._run()
+        more = run.advance()
+        while more:
+            attempt = Attempt(run, self._config, sync=True)
             yield attempt
-            if attempt.finished:
+            if attempt.outcome is None:  # never entered, or interrupted
+                run.release()
                 return
-            self._config.clock.sleep(attempt.wait)
+            more = not attempt.finished
+        assert run.finish is not None
+        if run.finish.outcome is None:  # the breaker refused the first attempt
+            conclude(run.finish, self._config.policy)
 
     async def __aiter__(self) -> AsyncIterator[Attempt]:
-        call = self._call()
-        while True:
-            attempt = Attempt(call, self._config)
-            yield attempt
-            if attempt.finished:
-                return
-            await self._config.clock.asleep(attempt.wait)
+        run = self._run()
+        try:
+            more = await run.aadvance()
+            while more:
+                attempt = Attempt(run, self._config, sync=False)
+                yield attempt
+                if attempt.outcome is None:
+                    return
+                if attempt.driven:
+                    more = not attempt.finished
+                else:
+                    more = await run.aadvance(run.sent(attempt.outcome))
+                    if not more:
+                        assert run.finish is not None
+                        conclude(run.finish, self._config.policy)
+            assert run.finish is not None
+            if run.finish.outcome is None:
+                conclude(run.finish, self._config.policy)
+        finally:
+            await run.arelease()  # a permit whose block never reported back
 
 
 def retrying(
@@ -106,11 +168,13 @@ def retrying(
     on: ExceptionFilter = Exception,
     attempts: int = UNSET,
     backoff: Backoff = UNSET,
-    deadline: float | timedelta = UNSET,
+    deadline: float | timedelta | None = UNSET,
     max_wait: float | timedelta = UNSET,
     retry_statuses: Collection[int] = UNSET,
     budget: Any = UNSET,
     breaker: Any = UNSET,
+    retry_if: Callable[[Any], bool | None] | None = UNSET,
+    reraise: bool = UNSET,
     policy: RetryPolicy | None = None,
     on_retry: RetryHook | Sequence[RetryHook] = (),
     clock: Clock | None = None,
@@ -130,17 +194,10 @@ def retrying(
     """
     config = configure(
         on=on,
-        fields={
-            "attempts": attempts,
-            "backoff": backoff,
-            "deadline": deadline,
-            "max_wait": max_wait,
-            "retry_statuses": retry_statuses,
-            "budget": budget,
-            "breaker": breaker,
-        },
+        fields=policy_fields(locals()),
         policy=policy,
         on_retry=on_retry,
         clock=clock,
+        rng=rng,
     )
-    return Retrying(config, rng, name)
+    return Retrying(config, name)

@@ -1,7 +1,8 @@
 # `@stormguard.retry`: the generic retrying decorator for sync and async callables.
 #
-# What an exception means is decided once, in `_judge`, so the two loops below
-# only attempt, ask the driver, and sleep.
+# What an exception means is decided once, in `_Judge`; the retry conversation
+# (admit, record, decide, spend, wait) is the engine's (core/_engine.py), driven
+# sync or async by client/_driver.py. The wrappers below only make attempts.
 from __future__ import annotations
 
 import functools
@@ -13,14 +14,12 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._errors import CircuitOpen, ConfigError, RetryError
+from .._errors import ConfigError, RetryError
 from ..core._backoff import Backoff
-from ..core._body_hints import wait_hint_from_body
-from ..core._headers import wait_hint
-from ..core._outcome import DEFAULT_RETRY_STATUSES, Verdict, classify_status
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ._driver import RetryCall, RetryHook, arecord_permit, record_permit
-from ._http import BODY_HINT_STATUSES
+from ..core._engine import Finish, Outcome
+from ..core._policy import RetryFailure, RetryPolicy
+from ._driver import Engine, RetryHook
+from ._http import BODY_HINT_STATUSES, response_failure
 
 __all__ = ["retry"]
 
@@ -45,13 +44,13 @@ _UNSET = UNSET
 
 
 class _Judge:
-    """Turns an exception into a RetryFailure, or None when it is not ours to retry."""
+    """Turns an exception into the attempt's Outcome (``failure`` None: not ours to retry)."""
 
-    __slots__ = ("_clock", "_predicate", "_statuses", "_types")
+    __slots__ = ("_clock", "_policy", "_predicate", "_types")
 
-    def __init__(self, on: ExceptionFilter, statuses: Collection[int], clock: Clock) -> None:
+    def __init__(self, on: ExceptionFilter, policy: RetryPolicy, clock: Clock) -> None:
         self._clock = clock
-        self._statuses = statuses
+        self._policy = policy
         if isinstance(on, type | tuple):
             types = on if isinstance(on, tuple) else (on,)
             for exc_type in types:
@@ -65,25 +64,44 @@ class _Judge:
         else:
             raise ConfigError("on", f"must be exception classes or a predicate, got {on!r}")
 
-    def __call__(self, exc: BaseException) -> tuple[RetryFailure, bool] | None:
-        """(failure, counts against the server) for a matching exception, else None."""
+    def __call__(self, exc: BaseException) -> Outcome:
+        """The Outcome of an attempt that raised ``exc``."""
         if self._predicate is not None:
             if not self._predicate(exc):
-                return None
+                return Outcome(None, False, None, exc)
         elif not isinstance(exc, self._types):
-            return None
+            return Outcome(None, False, None, exc)
         reason = f"{type(exc).__name__}: {exc}"[:200]
-        hint = _exception_hint(exc, self._clock)
         status = _status_of(exc)
         if status is None:
-            return RetryFailure(True, reason, hint), True
-        method = _method_of(exc)
-        headers = _headers_of(exc)
-        has_key = headers is not None and "idempotency-key" in {k.lower() for k in headers}
-        verdict = classify_status(
-            status, method or "GET", has_idempotency_key=has_key, retry_statuses=self._statuses
+            hint = _explicit_hint(exc)
+            return Outcome(RetryFailure(True, reason, hint, subject=exc), True, None, exc)
+        return Outcome(self._status_failure(exc, status, reason), status >= 500, None, exc)
+
+    def _status_failure(self, exc: BaseException, status: int, reason: str) -> RetryFailure:
+        # An exception carrying an HTTP response (httpx's HTTPStatusError, requests'
+        # HTTPError) is judged like the response itself, by the shared HTTP table.
+        request_headers = _headers_of(exc)
+        has_key = request_headers is not None and "idempotency-key" in {
+            k.lower() for k in request_headers
+        }
+        explicit = _explicit_hint(exc)
+        judged = None
+        try:
+            judged = _response_judgement(exc, status, self._policy, has_key, self._clock)
+        except Exception:  # a hostile response object must not break retrying
+            pass
+        if judged is None:
+            return RetryFailure(False, reason, explicit, subject=exc)
+        hint = explicit if explicit is not None else judged.hint
+        return RetryFailure(
+            judged.retryable,
+            reason,
+            hint,
+            should_retry=judged.should_retry,
+            repeat_unsafe=judged.repeat_unsafe,
+            subject=exc,
         )
-        return RetryFailure(verdict is Verdict.RETRY, reason, hint), status >= 500
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -105,24 +123,34 @@ def _headers_of(exc: BaseException) -> Any:
     return getattr(request, "headers", None)
 
 
-def _exception_hint(exc: BaseException, clock: Clock) -> float | None:
+def _explicit_hint(exc: BaseException) -> float | None:
     explicit = getattr(exc, "retry_after", None)
     if isinstance(explicit, int | float) and not isinstance(explicit, bool) and explicit >= 0:
         return float(explicit)
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    headers = getattr(response, "headers", None)
-    if isinstance(status, int) and headers is not None:
-        try:
-            hint = wait_hint(status, headers.items(), now=clock.time())
-            if hint is None and status in BODY_HINT_STATUSES:
-                body = getattr(response, "content", None)  # only bodies already read
-                if isinstance(body, bytes | str):
-                    hint = wait_hint_from_body(body, headers.get("content-type"))
-            return hint
-        except Exception:  # a hostile response object must not break retrying
-            return None
     return None
+
+
+def _response_judgement(
+    exc: BaseException, status: int, policy: RetryPolicy, has_key: bool, clock: Clock
+) -> RetryFailure | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    pairs = list(headers.items()) if headers is not None else []
+    body = None
+    if status in BODY_HINT_STATUSES:
+        content = getattr(response, "content", None)  # only bodies already read
+        if isinstance(content, bytes | str):
+            body = content.encode() if isinstance(content, str) else content
+    return response_failure(
+        policy,
+        status,
+        pairs,
+        method=(_method_of(exc) or "GET").upper(),
+        has_key=has_key,
+        wall_now=clock.time(),
+        body=body,
+        content_type=headers.get("content-type") if headers is not None else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +159,7 @@ class Config:
 
     policy: RetryPolicy
     judge: _Judge
-    hooks: tuple[RetryHook, ...]
-    clock: Clock
+    engine: Engine
 
 
 def configure(
@@ -142,8 +169,9 @@ def configure(
     policy: RetryPolicy | None,
     on_retry: RetryHook | Sequence[RetryHook],
     clock: Clock | None,
+    rng: random.Random | None,
 ) -> Config:
-    """Validate the keywords into a policy, a judge and hooks (ConfigError on bad input)."""
+    """Validate the keywords into a policy, a judge and an engine (ConfigError on bad input)."""
     given = {name: value for name, value in fields.items() if value is not _UNSET}
     if policy is not None and given:
         raise ConfigError("policy", f"pass either policy= or its fields, not both ({given})")
@@ -152,8 +180,26 @@ def configure(
         resolved = resolved.replace(retry_exceptions=on)
     hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
     the_clock = clock or SYSTEM_CLOCK
-    judge = _Judge(on, resolved.retry_statuses or DEFAULT_RETRY_STATUSES, the_clock)
-    return Config(resolved, judge, hooks, the_clock)
+    judge = _Judge(on, resolved, the_clock)
+    return Config(resolved, judge, Engine(clock=the_clock, rng=rng, hooks=hooks))
+
+
+def conclude(finish: Finish, policy: RetryPolicy) -> Any:
+    """The decorator's answer: the result, the exception not ours, or RetryError.
+
+    A breaker refusing the first attempt raises its CircuitOpen as it is; with
+    ``reraise`` the last exception itself is raised when the policy gives up.
+    """
+    give_up = finish.give_up
+    if give_up is None:
+        return finish.result()
+    assert finish.outcome is not None
+    last = finish.outcome.error
+    if policy.reraise and last is not None:
+        raise last
+    raise RetryError(
+        give_up.reason, attempts=finish.attempts, last_exception=last, hint=give_up.hint
+    ) from (finish.refusal or last)
 
 
 @overload
@@ -166,11 +212,13 @@ def retry(
     on: ExceptionFilter = ...,
     attempts: int = ...,
     backoff: Backoff = ...,
-    deadline: float | timedelta = ...,
+    deadline: float | timedelta | None = ...,
     max_wait: float | timedelta = ...,
     retry_statuses: Collection[int] = ...,
     budget: Any = ...,
     breaker: Any = ...,
+    retry_if: Callable[[Any], bool | None] | None = ...,
+    reraise: bool = ...,
     policy: RetryPolicy | None = ...,
     on_retry: RetryHook | Sequence[RetryHook] = ...,
     clock: Clock | None = ...,
@@ -185,11 +233,13 @@ def retry(
     on: ExceptionFilter = Exception,
     attempts: int = _UNSET,
     backoff: Backoff = _UNSET,
-    deadline: float | timedelta = _UNSET,
+    deadline: float | timedelta | None = _UNSET,
     max_wait: float | timedelta = _UNSET,
     retry_statuses: Collection[int] = _UNSET,
     budget: Any = _UNSET,
     breaker: Any = _UNSET,
+    retry_if: Callable[[Any], bool | None] | None = _UNSET,
+    reraise: bool = _UNSET,
     policy: RetryPolicy | None = None,
     on_retry: RetryHook | Sequence[RetryHook] = (),
     clock: Clock | None = None,
@@ -203,56 +253,60 @@ def retry(
     headers, as httpx's ``HTTPStatusError`` and requests' ``HTTPError`` do), else
     the backoff draw — by default full jitter, ``uniform(0, min(30, 0.5 *
     2**(n-1)))`` seconds. At most ``attempts`` attempts (default 4), never past
-    ``deadline`` seconds in total (default 60), never a server wait over
-    ``max_wait`` (default 60). An exception with an HTTP status is retried only if
-    the decision table allows it (408, 425, 429, 502, 503, 504; a POST without an
-    ``Idempotency-Key`` only on 429).
+    ``deadline`` seconds in total (default 120; ``None``: no deadline), never a
+    server wait over ``max_wait`` (default 60). An exception with an HTTP status is
+    retried only if the decision table allows it (408, 425, 429, 502, 503, 504; a
+    POST without an ``Idempotency-Key`` only on 429).
+
+    ``retry_if`` is called with each exception matched by ``on`` and returns
+    ``True`` (retry it), ``False`` (never) or ``None`` (the table decides).
 
     When it stops it raises :class:`RetryError` with ``reason`` (attempts
     exhausted, deadline, hint too long, not retryable, retry budget exhausted,
     circuit open), ``attempts``, ``hint`` and ``last_exception`` (also its
-    ``__cause__``). Exceptions not matched by ``on`` propagate unchanged at once.
-    Pass a ready :class:`RetryPolicy` as ``policy=`` instead of its fields.
+    ``__cause__``) — or, with ``reraise=True``, the last exception itself.
+    Exceptions not matched by ``on`` propagate unchanged at once. Pass a ready
+    :class:`RetryPolicy` as ``policy=`` instead of its fields.
+
+    The ``stormguard`` logger says INFO for each retry and WARNING once when a
+    call gives up; each record carries ``extra={"stormguard": {...}}`` (``event``
+    ``"retry"`` or ``"give_up"``, ``target``, ``reason``, ``hint``, ``elapsed`` …)
+    for structured log formatters. ``on_retry`` hooks get a :class:`RetryRecord`.
     """
     config = configure(
         on=on,
-        fields={
-            "attempts": attempts,
-            "backoff": backoff,
-            "deadline": deadline,
-            "max_wait": max_wait,
-            "retry_statuses": retry_statuses,
-            "budget": budget,
-            "breaker": breaker,
-        },
+        fields=policy_fields(locals()),
         policy=policy,
         on_retry=on_retry,
         clock=clock,
+        rng=rng,
     )
-    resolved, judge, hooks, the_clock = config.policy, config.judge, config.hooks, config.clock
+    resolved, judge, engine = config.policy, config.judge, config.engine
 
     # Success-path fast lane: with no breaker and no budget there is nothing to
-    # consult before the first attempt, so the call state is only built once an
-    # attempt has failed. The deadline still counts from before the first attempt.
+    # consult before the first attempt, so the call's conversation is only built
+    # once an attempt has failed. The deadline still counts from before the first
+    # attempt.
     fast = resolved.breaker is None and resolved.budget is None
-    now = the_clock.monotonic
+    now = engine.clock.monotonic
 
     def decorate(func: Callable[P, T]) -> Callable[P, T]:
         target = getattr(func, "__qualname__", repr(func))
 
-        def new_call(started: float, count_request: bool = True) -> RetryCall:
-            return RetryCall(
-                resolved,
-                target=target,
-                clock=the_clock,
-                rng=rng,
-                hooks=hooks,
-                started_at=started,
-                count_request=count_request,
-            )
-
         if inspect.iscoroutinefunction(func):
             afunc: Callable[P, Awaitable[Any]] = func
+
+            async def aretried(
+                started: float, first: Outcome | None, args: Any, kwargs: Any
+            ) -> Any:
+                async def asend() -> Outcome:
+                    try:
+                        return Outcome(None, False, await afunc(*args, **kwargs))
+                    except Exception as exc:
+                        return judge(exc)
+
+                run = engine.start(resolved, target=target, started_at=started)
+                return conclude(await run.arun(asend, first), resolved)
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
@@ -261,45 +315,34 @@ def retry(
                     try:
                         return await afunc(*args, **kwargs)
                     except Exception as exc:
-                        call = new_call(started)
-                        await the_clock.asleep(after_exception(call, judge, None, exc))
-                else:
-                    # The async twins await a breaker or budget shared through an
-                    # AsyncRedisStore instead of blocking the loop.
-                    call = new_call(started, count_request=False)
-                    await call.astart()
-                while True:
-                    permit = await aadmit(call)
-                    try:
-                        result = await afunc(*args, **kwargs)
-                    except Exception as exc:
-                        await the_clock.asleep(await aafter_exception(call, judge, permit, exc))
-                    else:
-                        await arecord_permit(permit, failure=False)
-                        return result
+                        return await aretried(started, judge(exc), args, kwargs)
+                return await aretried(started, None, args, kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
+        def retried(started: float, first: Outcome | None, args: Any, kwargs: Any) -> Any:
+            def send() -> Outcome:
+                try:
+                    return Outcome(None, False, func(*args, **kwargs))
+                except Exception as exc:
+                    return judge(exc)
+
+            run = engine.start(resolved, target=target, started_at=started)
+            return conclude(run.run(send, first), resolved)
+
         @functools.wraps(func)
         def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            # The fast lane keeps no closure over the arguments: the retry path
+            # (`retried`) is a separate function, entered only after a failure.
             started = now()
             if fast:
                 try:
                     return func(*args, **kwargs)
                 except Exception as exc:
-                    call = new_call(started)
-                    the_clock.sleep(after_exception(call, judge, None, exc))
-            else:
-                call = new_call(started)
-            while True:
-                permit = admit(call)
-                try:
-                    result = func(*args, **kwargs)
-                except Exception as exc:
-                    the_clock.sleep(after_exception(call, judge, permit, exc))
-                else:
-                    record_permit(permit, failure=False)
+                    result: T = retried(started, judge(exc), args, kwargs)
                     return result
+            result = retried(started, None, args, kwargs)
+            return result
 
         return sync_wrapper
 
@@ -308,66 +351,19 @@ def retry(
     return decorate
 
 
-def admit(call: RetryCall) -> Any:
-    try:
-        return call.admit()
-    except CircuitOpen as refused:
-        if call.attempts == 1:
-            raise
-        give_up = call.circuit_open(refused)
-        raise RetryError(
-            give_up.reason,
-            attempts=call.attempts - 1,
-            last_exception=call.last_exception,
-            hint=give_up.hint,
-        ) from refused
+_POLICY_FIELDS = (
+    "attempts",
+    "backoff",
+    "deadline",
+    "max_wait",
+    "retry_statuses",
+    "budget",
+    "breaker",
+    "retry_if",
+    "reraise",
+)
 
 
-async def aadmit(call: RetryCall) -> Any:
-    """Async twin of :func:`admit`."""
-    try:
-        return await call.aadmit()
-    except CircuitOpen as refused:
-        if call.attempts == 1:
-            raise
-        give_up = call.circuit_open(refused)
-        raise RetryError(
-            give_up.reason,
-            attempts=call.attempts - 1,
-            last_exception=call.last_exception,
-            hint=give_up.hint,
-        ) from refused
-
-
-async def aafter_exception(call: RetryCall, judge: _Judge, permit: Any, exc: Exception) -> float:
-    """Async twin of :func:`after_exception`."""
-    judged = judge(exc)
-    call.last_exception = exc
-    if judged is None:
-        await arecord_permit(permit, failure=False)
-        raise exc
-    failure, against_server = judged
-    await arecord_permit(permit, failure=against_server)
-    action = await call.aafter_failure(failure)
-    if isinstance(action, GiveUp):
-        raise RetryError(
-            action.reason, attempts=call.attempts, last_exception=exc, hint=action.hint
-        ) from exc
-    return action.wait
-
-
-def after_exception(call: RetryCall, judge: _Judge, permit: Any, exc: Exception) -> float:
-    """Judge a raised exception; return the wait before the next attempt or raise."""
-    judged = judge(exc)
-    call.last_exception = exc
-    if judged is None:
-        record_permit(permit, failure=False)
-        raise exc
-    failure, against_server = judged
-    record_permit(permit, failure=against_server)
-    action = call.after_failure(failure)
-    if isinstance(action, GiveUp):
-        raise RetryError(
-            action.reason, attempts=call.attempts, last_exception=exc, hint=action.hint
-        ) from exc
-    return action.wait
+def policy_fields(keywords: dict[str, Any]) -> dict[str, Any]:
+    """The RetryPolicy fields among a front end's keywords (``locals()``)."""
+    return {name: keywords[name] for name in _POLICY_FIELDS}

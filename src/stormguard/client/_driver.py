@@ -1,41 +1,48 @@
-# The per-call driver shared by every retrying adapter (decorator, httpx, requests).
+# The two drivers of the retry conversation (core/_engine.py): one performs its
+# effects with sync calls, the other awaits the async twins (a breaker or budget
+# shared through an AsyncRedisStore, the clock's asleep). Every front end —
+# decorator, retrying(), httpx, requests, gRPC — runs its calls through them and
+# only translates one attempt into an Outcome:
 #
-# It owns the I/O-free bookkeeping around `core.decide`: the call's state, the
-# deadline measured on the injected clock, the retry budget and circuit breaker
-# seams, and observability (hook + logger). The adapters keep only their loop:
+#     run = engine.start(policy, target=...)
+#     finish = run.run(send)            # or: await run.arun(asend)
+#     return finish.result()            # or map it (RetryError, last response)
 #
-#     call = RetryCall(policy, ...)
-#     while True:
-#         permit = call.admit()            # breaker; raises CircuitOpen
-#         ... one attempt ...
-#         action = call.after_failure(RetryFailure(...))   # or call.succeeded()
-#         if GiveUp: stop; else: clock.sleep(action.wait)
-#
-# so the sync and async twins are a dozen lines each. The async loops use the
-# twins (`count_request=False` + `await astart()`, `aadmit`, `aafter_failure`,
-# `arecord_permit`) so a breaker or budget shared through an AsyncRedisStore is
-# awaited instead of blocking the loop.
+# `advance()`/`aadvance()` perform effects until the machine asks for an attempt,
+# for front ends that cannot hand over a callable (retrying()'s `with attempt:`).
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, NamedTuple
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen
-from ..core._policy import (
-    GiveUp,
-    GiveUpReason,
-    Retry,
-    RetryFailure,
-    RetryPolicy,
-    RetryState,
-    decide,
+from ..core._engine import (
+    ADMIT,
+    COUNT,
+    DISCARD,
+    GIVE_UP,
+    NOTIFY,
+    PACE,
+    PEEK,
+    RECORD,
+    SEND,
+    SLEEP,
+    SPEND,
+    Conversation,
+    Finish,
+    Notice,
+    Outcome,
+    Steps,
 )
+from ..core._policy import GiveUp, Retry, RetryPolicy
+from ..core._ratelimit_headers import Quota
 
-__all__ = ["RetryCall", "RetryHook", "RetryRecord", "logger"]
+__all__ = ["Detail", "Engine", "RetryHook", "RetryRecord", "Run", "describe_quota", "logger"]
 
 logger = logging.getLogger("stormguard")
 
@@ -48,7 +55,10 @@ class RetryRecord:
     seconds slept before the next one; ``reason`` why the attempt failed;
     ``hint_used`` whether ``wait`` came from the server (``hint``) rather than the
     backoff; ``elapsed`` seconds since the call started; ``target`` what was
-    called (``"GET https://api/x"`` or a function's qualified name).
+    called (``"GET https://api/x"`` or a function's qualified name). For a failed
+    HTTP response, ``body`` is an excerpt of the (small 429/503) body the server
+    sent, where APIs say which limit was hit, and ``quota`` the exhausted quota
+    its headers named (``None`` when there was none).
     """
 
     attempt: int
@@ -58,192 +68,359 @@ class RetryRecord:
     hint: float | None
     elapsed: float
     target: str
+    body: str | None = None
+    quota: Quota | None = None
+
+
+class Detail(NamedTuple):
+    """What an HTTP front end tells with a retry or a give-up: body excerpt, quota."""
+
+    body: str | None
+    quota: Quota | None
+
+
+def describe_quota(quota: Quota) -> str:
+    """``"quota core 0/5000, resets in 312 s"``: a quota as a log line says it."""
+    text = "quota" if quota.name is None else f"quota {quota.name}"
+    if quota.remaining is not None or quota.limit is not None:
+        remaining = "?" if quota.remaining is None else f"{quota.remaining:g}"
+        limit = "?" if quota.limit is None else f"{quota.limit:g}"
+        text += f" {remaining}/{limit}"
+    if quota.reset_after is not None:
+        text += f", resets in {quota.reset_after:.0f} s"
+    return text
+
+
+def _detail_text(detail: Any) -> str:
+    if not isinstance(detail, Detail):
+        return ""
+    text = ""
+    if detail.quota is not None:
+        text += f"; {describe_quota(detail.quota)}"
+    if detail.body:
+        text += f"; body: {detail.body}"
+    return text
 
 
 RetryHook = Callable[[RetryRecord], None]
+Target = str | Callable[[], str]
+Pace = Callable[[float], float]
+APace = Callable[[float], Awaitable[float]]
+Discard = Callable[[Outcome], None]
+ADiscard = Callable[[Outcome], Awaitable[None]]
 
 
-class _Permit(Protocol):
-    def record(self, *, failure: bool) -> None: ...
+class Engine:
+    """What a front end holds once: its clock, random generator and retry hooks."""
 
-
-class _Budget(Protocol):
-    def record_request(self) -> None: ...
-
-    def try_retry(self) -> bool: ...
-
-
-class _Breaker(Protocol):
-    def acquire(self) -> _Permit: ...
-
-
-class RetryCall:
-    """The state of one logical call across its attempts."""
-
-    __slots__ = ("_clock", "_hooks", "_rng", "_target", "last_exception", "policy", "state")
+    __slots__ = ("clock", "hooks", "rng")
 
     def __init__(
         self,
-        policy: RetryPolicy,
         *,
-        target: str | Callable[[], str],
         clock: Clock | None = None,
         rng: random.Random | None = None,
         hooks: tuple[RetryHook, ...] = (),
-        started_at: float | None = None,
-        count_request: bool = True,
     ) -> None:
-        self.policy = policy
-        self._target = target  # a callable is described only when a retry is logged
-        self._clock = clock or SYSTEM_CLOCK
-        self._rng = rng or _RNG
-        self._hooks = hooks
-        self.last_exception: BaseException | None = None
+        self.clock = clock or SYSTEM_CLOCK
+        self.rng = rng or _RNG
+        self.hooks = hooks
+
+    def start(
+        self,
+        policy: RetryPolicy,
+        *,
+        target: Target,
+        started_at: float | None = None,
+        pace: tuple[Pace, APace] | None = None,
+        discard: tuple[Discard, ADiscard] | None = None,
+    ) -> Run:
+        """A new call; ``started_at`` defaults to now. ``pace`` (sync, async) answers
+        PACE with the front end's own wait; ``discard`` (sync, async) closes a failed
+        attempt's value before the wait."""
         if started_at is None:
-            started_at = self._clock.monotonic()
-        self.state = RetryState(started_at=started_at)
-        budget: _Budget | None = policy.budget
-        if budget is not None and count_request:
-            budget.record_request()
-
-    async def astart(self) -> None:
-        """Count the first attempt in the budget (for calls made with count_request=False)."""
-        budget = self.policy.budget
-        if budget is not None:
-            arecord = getattr(budget, "arecord_request", None)
-            if arecord is not None:
-                await arecord()
-            else:
-                budget.record_request()
-
-    @property
-    def target(self) -> str:
-        """What is being called (``"GET https://api/x"``, a function's name)."""
-        target = self._target
-        if not isinstance(target, str):
-            target = self._target = target()
-        return target
-
-    @property
-    def clock(self) -> Clock:
-        """The clock this call measures its deadline on."""
-        return self._clock
-
-    @property
-    def attempts(self) -> int:
-        """Attempts started so far (the current one included)."""
-        return self.state.attempts
-
-    def remaining(self) -> float:
-        """Seconds left before the deadline (may be negative)."""
-        return self.policy.deadline_s - (self._clock.monotonic() - self.state.started_at)
-
-    def admit(self) -> _Permit | None:
-        """Ask the breaker for this attempt; raises :class:`CircuitOpen` if it refuses."""
-        breaker: _Breaker | None = self.policy.breaker
-        return None if breaker is None else breaker.acquire()
-
-    async def aadmit(self) -> _Permit | None:
-        """Async twin of :meth:`admit` (awaits ``aacquire`` when the breaker has it)."""
-        breaker: _Breaker | None = self.policy.breaker
-        if breaker is None:
-            return None
-        aacquire = getattr(breaker, "aacquire", None)
-        return await aacquire() if aacquire is not None else breaker.acquire()
-
-    def after_failure(self, failure: RetryFailure) -> Retry | GiveUp:
-        """Decide what follows a failed attempt; a Retry is recorded and observed."""
-        action = decide(
-            self.policy, self.state, failure, now=self._clock.monotonic(), rng=self._rng
+            started_at = self.clock.monotonic()
+        conversation = Conversation(
+            policy, started_at=started_at, rng=self.rng, paced=pace is not None
         )
-        if isinstance(action, Retry):
-            breaker = self.policy.breaker
-            peek = getattr(breaker, "open_remaining", None)
-            if peek is not None:
-                refused = self._refused(action, peek())
-                if refused is not None:
-                    return refused
-            budget: _Budget | None = self.policy.budget
-            return self._spend(action, failure, budget is None or budget.try_retry())
-        return action
+        return Run(self, conversation, target, pace, discard)
 
-    async def aafter_failure(self, failure: RetryFailure) -> Retry | GiveUp:
-        """Async twin of :meth:`after_failure` (awaits ``atry_retry`` when the budget has it)."""
-        action = decide(
-            self.policy, self.state, failure, now=self._clock.monotonic(), rng=self._rng
-        )
-        if isinstance(action, Retry):
-            breaker = self.policy.breaker
-            apeek = getattr(breaker, "aopen_remaining", None)
-            if apeek is not None:
-                refused = self._refused(action, await apeek())
-                if refused is not None:
-                    return refused
-            budget: _Budget | None = self.policy.budget
-            allowed = True
-            if budget is not None:
-                atry = getattr(budget, "atry_retry", None)
-                allowed = bool(await atry()) if atry is not None else budget.try_retry()
-            return self._spend(action, failure, allowed)
-        return action
-
-    @staticmethod
-    def _refused(action: Retry, open_for: float) -> GiveUp | None:
-        # The breaker stays open past the wait: the retry would be refused, so the
-        # call ends now with reason "circuit open" (and the breaker's time as hint).
-        if open_for > action.wait:
-            return GiveUp(GiveUpReason.CIRCUIT_OPEN, open_for)
-        return None
-
-    def _spend(self, action: Retry, failure: RetryFailure, allowed: bool) -> Retry | GiveUp:
-        if not allowed:
-            return GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
-        self._observe(action, failure)
-        self.state = self.state.after_wait(action.wait)
-        return action
-
-    def circuit_open(self, exc: CircuitOpen) -> GiveUp:
-        """The breaker refused a retry: the call ends with reason ``circuit open``."""
-        return GiveUp(GiveUpReason.CIRCUIT_OPEN, exc.remaining)
-
-    def _observe(self, action: Retry, failure: RetryFailure) -> None:
+    def notify(self, notice: Notice, target: Target) -> None:
+        """Tell the hooks and the ``stormguard`` logger about a retry."""
+        retry, failure = notice.retry, notice.failure
+        assert isinstance(retry, Retry) and failure is not None
+        detail = notice.detail if isinstance(notice.detail, Detail) else Detail(None, None)
         record = RetryRecord(
-            attempt=self.state.attempts,
-            wait=action.wait,
+            attempt=notice.attempt,
+            wait=retry.wait,
             reason=failure.reason,
-            hint_used=action.hint_used,
+            hint_used=retry.hint_used,
             hint=failure.hint,
-            elapsed=self._clock.monotonic() - self.state.started_at,
-            target=self.target,
+            elapsed=notice.elapsed,
+            target=target if isinstance(target, str) else target(),
+            body=detail.body,
+            quota=detail.quota,
         )
         if logger.isEnabledFor(logging.INFO):
+            fields = {"event": "retry", **dataclasses.asdict(record)}
             logger.info(
-                "retrying %s: attempt %d failed (%s); waiting %.3fs%s",
+                "retrying %s: attempt %d failed (%s); waiting %.3fs%s%s",
                 record.target,
                 record.attempt,
                 record.reason,
                 record.wait,
                 " as the server asked" if record.hint_used else "",
-                extra={"stormguard_retry": record},
+                _detail_text(detail),
+                extra={"stormguard": fields, "stormguard_retry": record},
             )
-        for hook in self._hooks:
+        for hook in self.hooks:
             hook(record)
 
+    def gave_up(self, notice: Notice, target: Target) -> None:
+        """Log, once per call, at WARNING, that a call gave up and why."""
+        if not logger.isEnabledFor(logging.WARNING):
+            return
+        give_up, failure = notice.retry, notice.failure
+        assert isinstance(give_up, GiveUp)
+        fields = {
+            "event": "give_up",
+            "target": target if isinstance(target, str) else target(),
+            "attempts": notice.attempt,
+            "reason": str(give_up.reason),
+            "last_failure": None if failure is None else failure.reason,
+            "hint": give_up.hint,
+            "elapsed": notice.elapsed,
+            "body": None,
+            "quota": None,
+        }
+        detail = notice.detail
+        if isinstance(detail, Detail):
+            fields["body"] = detail.body
+            fields["quota"] = None if detail.quota is None else dataclasses.asdict(detail.quota)
+        logger.warning(
+            "giving up on %s after %d attempt%s: %s (last: %s)%s%s",
+            fields["target"],
+            notice.attempt,
+            "" if notice.attempt == 1 else "s",
+            fields["reason"],
+            fields["last_failure"],
+            "" if give_up.hint is None else f"; the server asked to wait {give_up.hint:.3f}s",
+            _detail_text(detail),
+            extra={"stormguard": fields},
+        )
 
-def record_permit(permit: _Permit | None, *, failure: bool) -> None:
-    """Report an attempt's outcome to the breaker permit, if there is one."""
-    if permit is not None:
-        permit.record(failure=failure)
 
+class Run:
+    """One call being driven: the conversation, its steps, the permit in hand."""
 
-async def arecord_permit(permit: _Permit | None, *, failure: bool) -> None:
-    """Async twin of :func:`record_permit` (awaits ``arecord`` when the permit has it)."""
-    if permit is not None:
-        arecord = getattr(permit, "arecord", None)
-        if arecord is not None:
-            await arecord(failure=failure)
+    __slots__ = (
+        "_discard",
+        "_engine",
+        "_pace",
+        "conversation",
+        "finish",
+        "permit",
+        "steps",
+        "target",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        conversation: Conversation,
+        target: Target,
+        pace: tuple[Pace, APace] | None,
+        discard: tuple[Discard, ADiscard] | None,
+    ) -> None:
+        self._engine = engine
+        self.conversation = conversation
+        self.target = target
+        self._pace = pace
+        self._discard = discard
+        self.steps: Steps | None = None
+        self.permit: Any = None
+        self.finish: Finish | None = None
+
+    def begin(self, first: Outcome | None = None) -> None:
+        """Start the steps; ``first`` is an attempt the front end already made."""
+        if first is None:
+            self.steps = self.conversation.steps()
         else:
-            permit.record(failure=failure)
+            self.steps = self.conversation.steps((first, self._engine.clock.monotonic()))
+
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline."""
+        conversation = self.conversation
+        now = self._engine.clock.monotonic()
+        return conversation.policy.deadline_s - (now - conversation.started_at)
+
+    def sent(self, outcome: Outcome) -> tuple[Outcome, float]:
+        """SEND's answer: the outcome and when it ended."""
+        return outcome, self._engine.clock.monotonic()
+
+    # -- the sync driver ----------------------------------------------------------
+
+    def run(self, send: Callable[[], Outcome], first: Outcome | None = None) -> Finish:
+        """Drive the call to its end, calling ``send`` for each attempt."""
+        if first is None and self.bare:
+            # Nothing to count, pace or admit before the first attempt: make it
+            # at once, and start the conversation only if it failed.
+            first = send()
+            if first.failure is None:
+                return Finish(first, None, 1)
+        self.begin(first)
+        reply: Any = None
+        while self.advance(reply):
+            try:
+                outcome = send()
+            except BaseException:
+                self.release()
+                raise
+            reply = self.sent(outcome)
+        assert self.finish is not None
+        return self.finish
+
+    @property
+    def bare(self) -> bool:
+        """True when the policy has no breaker or budget and the front end no pacing."""
+        conversation = self.conversation
+        policy = conversation.policy
+        return policy.breaker is None and policy.budget is None and not conversation.paced
+
+    def _next(self, reply: Any) -> tuple[str | None, Any]:
+        """The machine's next effect for a driver (None: it ended), after telling
+        hooks and the log whatever it asks to tell (the same for both drivers)."""
+        steps = self.steps
+        assert steps is not None
+        while True:
+            try:
+                effect, arg = steps.send(reply)
+            except StopIteration as stop:
+                self.finish = stop.value
+                return None, None
+            reply = None
+            if effect is NOTIFY:
+                self._engine.notify(arg, self.target)
+            elif effect is GIVE_UP:
+                self._engine.gave_up(arg, self.target)
+            else:
+                return effect, arg
+
+    def advance(self, reply: Any = None) -> bool:
+        """Perform effects until the machine asks for an attempt (True) or ends (False)."""
+        policy = self.conversation.policy
+        while True:
+            effect, arg = self._next(reply)
+            if effect is SEND or effect is None:
+                return effect is SEND
+            if effect is ADMIT:
+                try:
+                    reply = self.permit = policy.breaker.acquire()
+                except CircuitOpen as refused:
+                    reply = refused
+            elif effect is RECORD:
+                self.permit = None
+                arg[0].record(failure=arg[1])
+                reply = None
+            elif effect is COUNT:
+                policy.budget.record_request()
+                reply = None
+            elif effect is SLEEP:
+                self._engine.clock.sleep(arg)
+                reply = None
+            elif effect is PEEK:
+                peek = getattr(policy.breaker, "open_remaining", None)
+                reply = 0.0 if peek is None else peek()
+            elif effect is SPEND:
+                reply = policy.budget.try_retry()
+            elif effect is DISCARD:
+                if self._discard is not None:
+                    self._discard[0](arg)
+                reply = None
+
+            else:
+                assert effect is PACE and self._pace is not None
+                limit = self.conversation.pace_limit(self._engine.clock.monotonic())
+                reply = self._pace[0](limit)
+
+    def release(self) -> None:
+        """Give back a permit whose attempt raised instead of ending (sync)."""
+        permit, self.permit = self.permit, None
+        release = getattr(permit, "release", None)
+        if release is not None:
+            release()
+
+    # -- the async driver ---------------------------------------------------------
+
+    async def arun(
+        self, asend: Callable[[], Awaitable[Outcome]], first: Outcome | None = None
+    ) -> Finish:
+        """Async twin of :meth:`run`: awaits ``asend`` and every async effect."""
+        if first is None and self.bare:
+            first = await asend()
+            if first.failure is None:
+                return Finish(first, None, 1)
+        self.begin(first)
+        reply: Any = None
+        while await self.aadvance(reply):
+            try:
+                outcome = await asend()
+            except BaseException:
+                await self.arelease()
+                raise
+            reply = self.sent(outcome)
+        assert self.finish is not None
+        return self.finish
+
+    async def aadvance(self, reply: Any = None) -> bool:
+        """Async twin of :meth:`advance` (a duck-typed object without async forms is
+        called synchronously)."""
+        policy = self.conversation.policy
+        while True:
+            effect, arg = self._next(reply)
+            if effect is SEND or effect is None:
+                return effect is SEND
+            if effect is ADMIT:
+                try:
+                    reply = self.permit = await _twin(policy.breaker, "acquire")
+                except CircuitOpen as refused:
+                    reply = refused
+            elif effect is RECORD:
+                self.permit = None
+                reply = await _twin(arg[0], "record", failure=arg[1])
+            elif effect is COUNT:
+                reply = await _twin(policy.budget, "record_request")
+            elif effect is SLEEP:
+                await self._engine.clock.asleep(arg)
+                reply = None
+            elif effect is PEEK:
+                has_peek = hasattr(policy.breaker, "open_remaining")
+                reply = await _twin(policy.breaker, "open_remaining") if has_peek else 0.0
+            elif effect is SPEND:
+                reply = bool(await _twin(policy.budget, "try_retry"))
+            elif effect is DISCARD:
+                if self._discard is not None:
+                    await self._discard[1](arg)
+                reply = None
+
+            else:
+                assert effect is PACE and self._pace is not None
+                limit = self.conversation.pace_limit(self._engine.clock.monotonic())
+                reply = await self._pace[1](limit)
+
+    async def arelease(self) -> None:
+        """Async twin of :meth:`release`."""
+        permit, self.permit = self.permit, None
+        if permit is not None and hasattr(permit, "release"):
+            await _twin(permit, "release")
+
+
+async def _twin(obj: Any, name: str, **kwargs: Any) -> Any:
+    # The async form `a<name>` when the object has one, else the sync form.
+    async_form = getattr(obj, "a" + name, None)
+    if async_form is not None:
+        return await async_form(**kwargs)
+    return getattr(obj, name)(**kwargs)
 
 
 # One process-wide generator for jitter. Jitter needs no cryptographic quality;

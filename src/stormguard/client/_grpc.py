@@ -25,10 +25,12 @@ from typing import Any, NamedTuple
 import grpc
 import grpc.aio
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
+from ..core._engine import Outcome
 from ..core._headers import parse_retry_after
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ._driver import RetryCall, RetryHook, record_permit
+from ..core._policy import RetryFailure, RetryPolicy
+from ._driver import Engine, RetryHook, Run
+from ._front import with_retry_if
 from ._http import new_idempotency_key
 
 __all__ = ["AsyncRetryInterceptor", "RetryInterceptor"]
@@ -47,6 +49,14 @@ _SERVER_FAULTS = frozenset(
 )
 _KEY = "idempotency-key"
 _PUSHBACK = "grpc-retry-pushback-ms"
+
+
+class Answer(NamedTuple):
+    """What ``retry_if`` sees of a failed gRPC call (the same for sync and aio)."""
+
+    code: grpc.StatusCode
+    details: str | None
+    trailing_metadata: tuple[tuple[str, Any], ...]
 
 
 class _Details(NamedTuple):
@@ -89,6 +99,7 @@ class _Base:
         self,
         *,
         policy: RetryPolicy | None = None,
+        retry_if: Callable[[Any], bool | None] | None = None,
         idempotent: bool | Collection[str] | Callable[[str], bool] = False,
         retry_codes: Collection[grpc.StatusCode] = DEFAULT_RETRY_CODES,
         idempotency_keys: bool = False,
@@ -96,7 +107,7 @@ class _Base:
         clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.policy = policy if policy is not None else RetryPolicy()
+        self.policy = with_retry_if(policy, retry_if)
         if isinstance(idempotent, bool):
             flag = idempotent
             self._idempotent: Callable[[str], bool] = lambda method: flag
@@ -108,37 +119,45 @@ class _Base:
         self.retry_codes = frozenset(retry_codes)
         self.idempotency_keys = idempotency_keys
         self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
-        self.clock = clock or SYSTEM_CLOCK
+        self.engine = Engine(clock=clock, rng=rng, hooks=self.hooks)
+        self.clock = self.engine.clock
         self.rng = rng
 
-    def _begin(self, details: Any) -> tuple[RetryCall, list[tuple[str, Any]], bool]:
+    def _begin(self, details: Any) -> tuple[Run, list[tuple[str, Any]], bool]:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         metadata = list(details.metadata or ())
         has_key = any(name.lower() == _KEY for name, _ in metadata)
         if self.idempotency_keys and not has_key:
             metadata.append((_KEY, new_idempotency_key()))
             has_key = True
-        call = RetryCall(
-            self.policy, target=f"gRPC {method}", clock=self.clock, rng=self.rng, hooks=self.hooks
-        )
-        return call, metadata, has_key or self._idempotent(method)
+        run = self.engine.start(self.policy, target=f"gRPC {method}")
+        return run, metadata, has_key or self._idempotent(method)
 
     @staticmethod
-    def _timeout(details: Any, call: RetryCall) -> float | None:
+    def _timeout(details: Any, run: Run) -> float | None:
         """The attempt's timeout: the caller's, cut to the time left before the deadline."""
-        remaining = max(0.001, call.remaining())
+        remaining = max(0.001, run.remaining())
         if remaining == math.inf:  # deadline=None
             return details.timeout  # type: ignore[no-any-return]
         return remaining if details.timeout is None else min(details.timeout, remaining)
 
-    def _judge(self, code: grpc.StatusCode, trailers: Any, safe: bool) -> RetryFailure | None:
+    def _judge(
+        self, outcome: Any, code: grpc.StatusCode, trailers: Any, details: Any, safe: bool
+    ) -> Outcome:
+        """One call's answer as the engine's Outcome (server faults count for a breaker)."""
         if code == grpc.StatusCode.OK:
-            return None
-        if code not in self.retry_codes:
-            return RetryFailure(False, f"gRPC {code.name}")
-        forbidden, hint = _pushback(trailers, self.clock.time())
-        retryable = not forbidden and (safe or code in _REFUSED)
-        return RetryFailure(retryable, f"gRPC {code.name}", hint)
+            return Outcome(None, False, outcome)
+        refused = code in _REFUSED  # the server did not process it (like HTTP 429)
+        forbidden, hint = _pushback(trailers, self.engine.clock.time())
+        failure = RetryFailure(
+            code in self.retry_codes and not forbidden and (safe or refused),
+            f"gRPC {code.name}",
+            hint,
+            should_retry=False if forbidden else None,
+            repeat_unsafe=not (safe or refused),
+            subject=Answer(code, details, tuple(trailers or ())),
+        )
+        return Outcome(failure, code in _SERVER_FAULTS, outcome)
 
 
 class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
@@ -151,20 +170,22 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     predicate. ``RESOURCE_EXHAUSTED`` is retried for any method; ``UNAVAILABLE``
     and other ``retry_codes`` only for idempotent methods or calls carrying an
     ``idempotency-key`` metadata entry (added once per call with
-    ``idempotency_keys=True``). When the call stops the last outcome is returned
-    as gRPC would have returned it.
+    ``idempotency_keys=True``). ``retry_if`` is called with each failed call's
+    ``Answer`` (``.code``, ``.details``, ``.trailing_metadata``) and returns True,
+    False or None (the table decides). When the call stops the last outcome is returned as gRPC
+    would have returned it.
     """
 
     def intercept_unary_unary(
         self, continuation: Any, client_call_details: Any, request: Any
     ) -> Any:
-        call, metadata, safe = self._begin(client_call_details)
-        while True:
-            permit = call.admit()
-            d = client_call_details
+        run, metadata, safe = self._begin(client_call_details)
+        d = client_call_details
+
+        def send() -> Outcome:
             details = _SyncDetails(
                 d.method,
-                self._timeout(d, call),
+                self._timeout(d, run),
                 metadata,
                 d.credentials,
                 getattr(d, "wait_for_ready", None),
@@ -172,14 +193,10 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
             )
             outcome = continuation(details, request)
             code = outcome.code()
-            failure = self._judge(code, outcome.trailing_metadata(), safe)
-            record_permit(permit, failure=code in _SERVER_FAULTS)
-            if failure is None:
-                return outcome
-            action = call.after_failure(failure)
-            if isinstance(action, GiveUp):
-                return outcome
-            self.clock.sleep(action.wait)
+            trailers = outcome.trailing_metadata()
+            return self._judge(outcome, code, trailers, outcome.details(), safe)
+
+        return run.run(send).result()
 
 
 class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
@@ -192,20 +209,16 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
     async def intercept_unary_unary(
         self, continuation: Any, client_call_details: Any, request: Any
     ) -> Any:
-        call, metadata, safe = self._begin(client_call_details)
-        while True:
-            permit = call.admit()
-            d = client_call_details
+        run, metadata, safe = self._begin(client_call_details)
+        d = client_call_details
+
+        async def asend() -> Outcome:
             details = grpc.aio.ClientCallDetails(
-                d.method, self._timeout(d, call), metadata, d.credentials, d.wait_for_ready
+                d.method, self._timeout(d, run), metadata, d.credentials, d.wait_for_ready
             )
             outcome = await continuation(details, request)
             code = await outcome.code()
-            failure = self._judge(code, await outcome.trailing_metadata(), safe)
-            record_permit(permit, failure=code in _SERVER_FAULTS)
-            if failure is None:
-                return outcome
-            action = call.after_failure(failure)
-            if isinstance(action, GiveUp):
-                return outcome
-            await self.clock.asleep(action.wait)
+            trailers = await outcome.trailing_metadata()
+            return self._judge(outcome, code, trailers, await outcome.details(), safe)
+
+        return (await run.arun(asend)).result()

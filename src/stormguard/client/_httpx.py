@@ -1,32 +1,34 @@
 # stormguard.httpx.RetryTransport: one class that is both an httpx.BaseTransport
 # and an httpx.AsyncBaseTransport. It wraps an inner transport, delegates each
-# attempt to it, and forwards close()/aclose(). The two loops differ only in
-# `await`; every decision is made by RetryCall and the shared HTTP helpers.
+# attempt to it, and forwards close()/aclose(). It has no retry loop: the engine
+# (core/_engine.py, driven by client/_driver.py) runs the call, and the two
+# `send` functions below only make one attempt and translate it (client/_front.py).
 from __future__ import annotations
 
 import contextlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
+from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
-from ._driver import RetryCall, RetryHook, arecord_permit, record_permit
-from ._http import (
-    IDEMPOTENCY_KEY,
-    KEYED_METHODS,
-    body_worth_reading,
-    describe,
-    error_failure,
-    mentions_quota,
-    new_idempotency_key,
-    response_failure,
+from ..core._policy import RetryPolicy
+from ..protection._origin import OriginGuards
+from ._driver import RetryHook
+from ._front import (
+    HttpCall,
+    HttpFront,
+    _success,
+    afirst_attempt,
+    awith_bulkhead,
+    first_attempt,
+    with_bulkhead,
 )
+from ._http import body_worth_reading
 
 __all__ = ["RetryTransport"]
 
@@ -68,124 +70,48 @@ def _origin(url: httpx.URL) -> str:
     return f"{scheme}://{url.host}:{port}"
 
 
-def _worth_observing(response: httpx.Response) -> bool:
-    # Only a 429/503 (cooldown) or a response with quota headers (pacing) teaches
-    # the origin's guard anything; most responses carry neither.
-    return response.status_code in COOLDOWN_STATUSES or mentions_quota(response.headers.keys())
+def _origin_key(url: httpx.URL) -> Any:
+    # The parsed scheme, host and port decide the origin; reading them off httpx's
+    # parse result costs a tuple, where _origin() costs three URL properties.
+    try:
+        ref = url._uri_reference
+        return (ref.scheme, ref.host, ref.port)
+    except AttributeError:  # an httpx without it: the origin is its own key
+        return _origin(url)
 
 
-class _Attempt:
-    """Per-logical-request facts the loops need: method, key, replayable body."""
+def _cap_timeouts(request: httpx.Request, remaining: float) -> None:
+    """No attempt may outlive the call's deadline (``inf``: deadline=None).
 
-    __slots__ = ("call", "guard", "has_key", "method", "replayable")
-
-    def __init__(
-        self, transport: RetryTransport, request: httpx.Request, *, is_async: bool = False
-    ) -> None:
-        self.method = request.method.upper()
-        if (
-            transport.idempotency_keys
-            and self.method in KEYED_METHODS
-            and IDEMPOTENCY_KEY not in request.headers
-        ):
-            request.headers[IDEMPOTENCY_KEY] = new_idempotency_key()
-        self.has_key = IDEMPOTENCY_KEY in request.headers
-        # Bodies given as bytes/str/json/form are held in a ByteStream and can be
-        # sent again; a generator or file stream is one-shot and is never retried.
-        self.replayable = isinstance(request.stream, httpx.ByteStream)
-        # Per-origin protection: the origin's breaker and budget join the policy.
-        guards = transport.guards
-        url = request.url
-        self.guard: OriginGuard | None = guards.get(_origin(url)) if guards.enabled else None
-        policy = transport.policy if self.guard is None else self.guard.policy(transport.policy)
-        method = self.method
-        self.call = RetryCall(
-            policy,
-            target=lambda: describe(method, str(url)),
-            clock=transport.clock,
-            rng=transport.rng,
-            hooks=transport.hooks,
-            count_request=not is_async,  # the async loop awaits call.astart()
-        )
-
-    def _limit(self) -> float:
-        return max(0.0, min(self.call.remaining(), self.call.policy.max_wait_s))
-
-    def pace(self) -> float:
-        """The origin's cooldown and pacing wait; RateLimited if it would pass the deadline."""
-        return 0.0 if self.guard is None else self.guard.wait_before(self._limit())
-
-    async def apace(self) -> float:
-        """Async twin of :meth:`pace`."""
-        return 0.0 if self.guard is None else await self.guard.await_before(self._limit())
-
-    def slot(self) -> contextlib.AbstractContextManager[None]:
-        """The origin's bulkhead slot for one attempt (waits at most the deadline)."""
-        if self.guard is None:
-            return contextlib.nullcontext()
-        return self.guard.slot(max(0.0, self.call.remaining()))
-
-    def aslot(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """Async twin of :meth:`slot`."""
-        if self.guard is None:
-            return contextlib.nullcontext()
-        return self.guard.aslot(max(0.0, self.call.remaining()))
-
-    def observe(self, response: httpx.Response, failure: RetryFailure | None) -> None:
-        """Feed the origin's cooldown (429/503 hints) and pacing (quota headers)."""
-        if self.guard is not None and _worth_observing(response):
-            hint = failure.hint if failure is not None else None
-            self.guard.observe(response.status_code, response.headers.multi_items(), hint)
-
-    async def aobserve(self, response: httpx.Response, failure: RetryFailure | None) -> None:
-        """Async twin of :meth:`observe`."""
-        if self.guard is not None and _worth_observing(response):
-            hint = failure.hint if failure is not None else None
-            await self.guard.aobserve(response.status_code, response.headers.multi_items(), hint)
-
-    def cap_timeouts(self, request: httpx.Request) -> None:
-        """No attempt may outlive the call's deadline."""
-        remaining = max(0.001, self.call.remaining())
-        timeouts = request.extensions.get("timeout")
-        if isinstance(timeouts, dict) and remaining != math.inf:  # inf: deadline=None
-            request.extensions["timeout"] = {
-                name: remaining if value is None else min(value, remaining)
-                for name, value in timeouts.items()
-            }
-
-    def wants_body(self, response: httpx.Response) -> bool:
-        """A small 429/503 body may carry the wait hint; read it before judging."""
-        return body_worth_reading(response.status_code, response.headers.get("content-length"))
-
-    def on_response(self, response: httpx.Response) -> RetryFailure | None:
-        if response.status_code < 400:
-            return None  # success: returned as it is (response_failure judges the rest)
-        failure = response_failure(
-            self.call.policy,
-            response.status_code,
-            response.headers.multi_items(),
-            method=self.method,
-            has_key=self.has_key,
-            wall_now=self.call.clock.time(),
-            body=_body_if_read(response),
-            content_type=response.headers.get("content-type"),
-            subject=response,
-        )
-        if failure is not None and not self.replayable:
-            return RetryFailure(False, failure.reason + " (one-shot body)", failure.hint)
-        return failure
-
-    def on_error(self, exc: Exception) -> RetryFailure | None:
-        kind = _failure_kind(exc)
-        if kind is Failure.FINAL:
-            return None
-        failure = error_failure(kind, exc, method=self.method, has_key=self.has_key)
-        if not self.replayable:
-            return RetryFailure(False, failure.reason + " (one-shot body)")
-        return failure
+    The request's timeouts are rewritten only when the deadline shortens one.
+    """
+    if remaining == math.inf:
+        return
+    timeouts = request.extensions.get("timeout")
+    if isinstance(timeouts, dict):
+        remaining = max(0.001, remaining)
+        for value in timeouts.values():
+            if value is None or value > remaining:
+                break
+        else:
+            return
+        request.extensions["timeout"] = {
+            name: remaining if value is None else min(value, remaining)
+            for name, value in timeouts.items()
+        }
 
 
-class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+def _wants_body(response: httpx.Response) -> bool:
+    """A small 429/503 body may carry the wait hint; read it before judging."""
+    return body_worth_reading(response.status_code, response.headers.get("content-length"))
+
+
+def _body(response: httpx.Response) -> bytes | None:
+    """A failed response's body when it was read (for wait hints), else None."""
+    return _body_if_read(response) if response.status_code >= 400 else None
+
+
+class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     """An httpx transport that retries by stormguard's decision table.
 
     >>> import httpx, stormguard
@@ -195,6 +121,10 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
     ``transport`` is the inner transport (default: ``httpx.HTTPTransport()`` for
     sync use, ``httpx.AsyncHTTPTransport()`` for async use, created on first use).
     ``policy`` is a :class:`stormguard.RetryPolicy` (default ``RetryPolicy()``).
+    ``retry_if`` (the policy's, given here for short) is called with each failed
+    response or transport error and returns ``True`` (retry it, e.g. a 409 on GET),
+    ``False`` (never, e.g. a "Bad credentials" 403) or ``None`` (the table decides);
+    it cannot make an unkeyed POST that may have been processed retryable.
     With ``idempotency_keys=True`` a POST or PATCH without an ``Idempotency-Key``
     gets one (UUID4) before its first attempt, reused on every retry. When the
     call stops, the last response is returned as it is (its status tells the
@@ -224,6 +154,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         *,
         policy: RetryPolicy | None = None,
+        retry_if: Callable[[Any], bool | None] | None = None,
         idempotency_keys: bool = False,
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
@@ -239,22 +170,7 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._inner = transport
         self._sync_inner: httpx.BaseTransport | None = None
         self._async_inner: httpx.AsyncBaseTransport | None = None
-        self.policy = policy if policy is not None else RetryPolicy()
-        self.idempotency_keys = idempotency_keys
-        self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
-        self.clock = clock or SYSTEM_CLOCK
-        self.rng = rng
-        self.guards = guards_for(
-            guards=guards,
-            breaker=breaker,
-            budget=budget,
-            bulkhead=bulkhead,
-            cooldown=cooldown,
-            pacing=pacing,
-            store=store,
-            clock=clock,
-            rng=rng,
-        )
+        self._configure(locals())
 
     # -- delegation -------------------------------------------------------------
 
@@ -290,97 +206,76 @@ class RetryTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         elif isinstance(self._inner, httpx.AsyncBaseTransport):
             await self._inner.aclose()
 
-    # -- the two loops ----------------------------------------------------------
+    # -- the two front ends of the engine ---------------------------------------
+
+    def _call(self, request: httpx.Request) -> HttpCall:
+        url = request.url
+        lane = self.bare_lane
+        if lane is None:
+            lane = self.lane(_origin_key(url), url, _origin)
+        return HttpCall(self, lane, request.method, url, request.headers, request)
+
+    @staticmethod
+    def replayable(request: Any) -> bool:
+        """Bodies given as bytes/str/json/form are held in a ByteStream and can be
+        sent again; a generator or file stream is one-shot and is never retried."""
+        return isinstance(request.stream, httpx.ByteStream)
+
+    @staticmethod
+    def pairs(headers: Any) -> list[tuple[str, str]]:
+        """httpx headers as (name, value) pairs."""
+        pairs: list[tuple[str, str]] = headers.multi_items()
+        return pairs
+
+    @staticmethod
+    def names_quota(headers: Any) -> bool:
+        """Whether a rate-limit header is among httpx ``headers`` (raw names, one pass)."""
+        try:  # httpx keeps each name lower-cased beside the raw one
+            names = b" ".join([lower for _, lower, _ in headers._list])
+        except AttributeError:
+            names = b" ".join([name for name, _ in headers.raw]).lower()
+        return b"ratelimit" in names or b"rate-limit" in names
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._sync()
-        attempt = _Attempt(self, request)
-        while True:
-            first = attempt.pace()  # the origin's cooldown and pacing
-            if first:
-                self.clock.sleep(first)
-            with attempt.slot():  # the origin's bulkhead
-                permit = attempt.call.admit()
-                attempt.cap_timeouts(request)
-                try:
-                    response = inner.handle_request(request)
-                except Exception as exc:
-                    failure = attempt.on_error(exc)
-                    record_permit(permit, failure=failure is not None)
-                    wait = _next_wait(attempt, failure, exc)
-                    assert wait is not None  # _next_wait raises exc instead of None
-                else:
-                    if attempt.wants_body(response):
-                        with contextlib.suppress(httpx.HTTPError):
-                            response.read()
-                    failure = attempt.on_response(response)
-                    attempt.observe(response, failure)
-                    record_permit(permit, failure=response.status_code >= 500)
-                    wait = _next_wait(attempt, failure, None)
-                    if wait is None:
-                        return response
-                    response.close()
-            self.clock.sleep(wait)
+        inner = self._sync_inner or self._sync()
+        call = self._call(request)
+        observes = call.lane.observes
+
+        def send() -> Outcome:
+            _cap_timeouts(request, call.remaining())
+            try:
+                response = inner.handle_request(request)
+            except Exception as exc:
+                return call.error(_failure_kind(exc), exc)
+            status = response.status_code
+            if status < 400 and not (observes and self.names_quota(response.headers)):
+                return _success(response)
+            if _wants_body(response):
+                with contextlib.suppress(httpx.HTTPError):
+                    response.read()
+            return call.observed(response, status, response.headers, _body(response))
+
+        response: httpx.Response = first_attempt(call, with_bulkhead(call, send))
+        return response
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._async()
-        attempt = _Attempt(self, request, is_async=True)
-        await attempt.call.astart()
-        while True:
-            first = await attempt.apace()
-            if first:
-                await self.clock.asleep(first)
-            async with attempt.aslot():
-                permit = await attempt.call.aadmit()
-                attempt.cap_timeouts(request)
-                try:
-                    response = await inner.handle_async_request(request)
-                except Exception as exc:
-                    failure = attempt.on_error(exc)
-                    await arecord_permit(permit, failure=failure is not None)
-                    wait = await _anext_wait(attempt, failure, exc)
-                    assert wait is not None  # _anext_wait raises exc instead of None
-                else:
-                    if attempt.wants_body(response):
-                        with contextlib.suppress(httpx.HTTPError):
-                            await response.aread()
-                    failure = attempt.on_response(response)
-                    await attempt.aobserve(response, failure)
-                    await arecord_permit(permit, failure=response.status_code >= 500)
-                    wait = await _anext_wait(attempt, failure, None)
-                    if wait is None:
-                        return response
-                    await response.aclose()
-            await self.clock.asleep(wait)
+        inner = self._async_inner or self._async()
+        call = self._call(request)
+        observes = call.lane.observes
 
+        async def asend() -> Outcome:
+            _cap_timeouts(request, call.remaining())
+            try:
+                response = await inner.handle_async_request(request)
+            except Exception as exc:
+                return call.error(_failure_kind(exc), exc)
+            status = response.status_code
+            if status < 400 and not (observes and self.names_quota(response.headers)):
+                return _success(response)
+            if _wants_body(response):
+                with contextlib.suppress(httpx.HTTPError):
+                    await response.aread()
+            return await call.aobserved(response, status, response.headers, _body(response))
 
-def _next_wait(
-    attempt: _Attempt, failure: RetryFailure | None, exc: Exception | None
-) -> float | None:
-    """The wait before the next attempt; None to return the response; raises to end with exc."""
-    if failure is None:
-        if exc is not None:
-            raise exc
-        return None
-    action = attempt.call.after_failure(failure)
-    if isinstance(action, GiveUp):
-        if exc is not None:
-            raise exc
-        return None
-    return action.wait
-
-
-async def _anext_wait(
-    attempt: _Attempt, failure: RetryFailure | None, exc: Exception | None
-) -> float | None:
-    """Async twin of :func:`_next_wait` (awaits a shared budget)."""
-    if failure is None:
-        if exc is not None:
-            raise exc
-        return None
-    action = await attempt.call.aafter_failure(failure)
-    if isinstance(action, GiveUp):
-        if exc is not None:
-            raise exc
-        return None
-    return action.wait
+        response: httpx.Response = await afirst_attempt(call, awith_bulkhead(call, asend))
+        return response

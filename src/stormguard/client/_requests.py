@@ -1,12 +1,12 @@
 # stormguard.requests.RetryAdapter: a requests HTTPAdapter that retries by
 # stormguard's decision table. urllib3's own retries are switched off so that
-# exactly one component decides; each attempt is delegated to HTTPAdapter.send.
+# exactly one component decides; each attempt is delegated to HTTPAdapter.send,
+# and the engine (core/_engine.py, client/_driver.py) runs the call.
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import requests
@@ -17,21 +17,14 @@ from urllib3.exceptions import (
     NewConnectionError,
 )
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
+from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy
-from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
-from ._driver import RetryCall, RetryHook, record_permit
-from ._http import (
-    IDEMPOTENCY_KEY,
-    KEYED_METHODS,
-    body_worth_reading,
-    describe,
-    error_failure,
-    mentions_quota,
-    new_idempotency_key,
-    response_failure,
-)
+from ..core._policy import RetryPolicy
+from ..protection._origin import OriginGuards, origin_of
+from ._driver import RetryHook
+from ._front import HttpCall, HttpFront, _success, first_attempt, with_bulkhead
+from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
 
@@ -54,11 +47,7 @@ def _failure_kind(exc: Exception) -> Failure:
     return Failure.FINAL
 
 
-def _replayable(body: Any) -> bool:
-    return body is None or isinstance(body, bytes | str)
-
-
-class RetryAdapter(HTTPAdapter):
+class RetryAdapter(HttpFront, HTTPAdapter):
     """A ``requests`` transport adapter that retries by stormguard's decision table.
 
     >>> import requests, stormguard
@@ -78,6 +67,7 @@ class RetryAdapter(HTTPAdapter):
         self,
         *,
         policy: RetryPolicy | None = None,
+        retry_if: Callable[[Any], bool | None] | None = None,
         idempotency_keys: bool = False,
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
@@ -94,22 +84,24 @@ class RetryAdapter(HTTPAdapter):
         if "max_retries" in adapter_kwargs:
             raise TypeError("RetryAdapter decides retries itself; do not pass max_retries")
         super().__init__(max_retries=0, **adapter_kwargs)
-        self.policy = policy if policy is not None else RetryPolicy()
-        self.idempotency_keys = idempotency_keys
-        self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
-        self.clock = clock or SYSTEM_CLOCK
-        self.rng = rng
-        self.guards = guards_for(
-            guards=guards,
-            breaker=breaker,
-            budget=budget,
-            bulkhead=bulkhead,
-            cooldown=cooldown,
-            pacing=pacing,
-            store=store,
-            clock=clock,
-            rng=rng,
-        )
+        self._configure(locals())
+
+    @staticmethod
+    def pairs(headers: Any) -> list[tuple[str, str]]:
+        """requests headers as (name, value) pairs."""
+        return list(headers.items())
+
+    @staticmethod
+    def names_quota(headers: Any) -> bool:
+        """Whether a rate-limit header is among requests ``headers`` (one pass)."""
+        names = " ".join(headers).lower()
+        return "ratelimit" in names or "rate-limit" in names
+
+    @staticmethod
+    def replayable(request: Any) -> bool:
+        """No body, bytes or str can be sent again; a generator or file cannot."""
+        body = request.body
+        return body is None or isinstance(body, bytes | str)
 
     def send(
         self,
@@ -120,94 +112,38 @@ class RetryAdapter(HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        method = (request.method or "GET").upper()
-        if (
-            self.idempotency_keys
-            and method in KEYED_METHODS
-            and IDEMPOTENCY_KEY not in request.headers
-        ):
-            request.headers[IDEMPOTENCY_KEY] = new_idempotency_key()
-        has_key = IDEMPOTENCY_KEY in request.headers
-        replayable = _replayable(request.body)
-        # Per-origin protection: the origin's breaker and budget join the policy.
-        guard = self.guards.for_url(request.url or "") if self.guards.enabled else None
-        policy = self.policy if guard is None else guard.policy(self.policy)
-        call = RetryCall(
-            policy,
-            target=lambda: describe(method, request.url or ""),
-            clock=self.clock,
-            rng=self.rng,
-            hooks=self.hooks,
-        )
-        while True:
-            if guard is not None:  # the origin's cooldown and pacing
-                first = guard.wait_before(max(0.0, min(call.remaining(), policy.max_wait_s)))
-                if first:
-                    self.clock.sleep(first)
-            with _slot(guard, call):  # the origin's bulkhead
-                permit = call.admit()
-                capped = _cap_timeout(timeout, call.remaining())
-                try:
-                    response = super().send(request, stream, capped, verify, cert, proxies)
-                except Exception as exc:
-                    kind = _failure_kind(exc)
-                    record_permit(permit, failure=kind is not Failure.FINAL)
-                    if kind is Failure.FINAL:
-                        raise
-                    failure = error_failure(kind, exc, method=method, has_key=has_key)
-                    if not replayable:
-                        raise
-                    action = call.after_failure(failure)
-                    if isinstance(action, GiveUp):
-                        raise
-                else:
-                    maybe = _judge(policy, response, method, has_key, self.clock)
-                    _observe(guard, response, maybe)
-                    record_permit(permit, failure=response.status_code >= 500)  # 5xx count, 4xx not
-                    if maybe is None or not replayable:
-                        return response
-                    action = call.after_failure(maybe)
-                    if isinstance(action, GiveUp):
-                        return response
-                    response.close()
-            self.clock.sleep(action.wait)
+        url = request.url or ""
+        lane = self.bare_lane
+        if lane is None:
+            lane = self.lane(_origin_key(url), url, origin_of)
+        call = HttpCall(self, lane, request.method or "GET", url, request.headers, request)
+        adapter_send = super().send
+        observes = lane.observes
+
+        def send_once() -> Outcome:
+            capped = _cap_timeout(timeout, call.remaining())
+            try:
+                response = adapter_send(request, stream, capped, verify, cert, proxies)
+            except Exception as exc:
+                return call.error(_failure_kind(exc), exc)
+            status = response.status_code
+            if status < 400 and not (observes and self.names_quota(response.headers)):
+                return _success(response)
+            small = status >= 400 and body_worth_reading(
+                status, response.headers.get("content-length")
+            )
+            body = response.content if small else None
+            return call.observed(response, status, response.headers, body)
+
+        result: requests.Response = first_attempt(call, with_bulkhead(call, send_once))
+        return result
 
 
-def _judge(
-    policy: RetryPolicy, response: requests.Response, method: str, has_key: bool, clock: Clock
-) -> RetryFailure | None:
-    status = response.status_code
-    if status < 400:
-        return None  # success: returned as it is (response_failure judges the rest)
-    small = body_worth_reading(status, response.headers.get("content-length"))
-    return response_failure(
-        policy,
-        status,
-        response.headers.items(),
-        method=method,
-        has_key=has_key,
-        wall_now=clock.time(),
-        body=response.content if small else None,
-        content_type=response.headers.get("content-type"),
-        subject=response,
-    )
-
-
-def _slot(guard: OriginGuard | None, call: RetryCall) -> contextlib.AbstractContextManager[None]:
-    if guard is None:
-        return contextlib.nullcontext()
-    return guard.slot(max(0.0, call.remaining()))
-
-
-def _observe(
-    guard: OriginGuard | None, response: requests.Response, failure: RetryFailure | None
-) -> None:
-    if guard is None:
-        return
-    status = response.status_code
-    if status in COOLDOWN_STATUSES or mentions_quota(k.lower() for k in response.headers):
-        hint = failure.hint if failure is not None else None
-        guard.observe(status, response.headers.items(), hint)
+def _origin_key(url: str) -> str:
+    # Everything up to the first "/" after the scheme holds the scheme and the whole
+    # authority (requests' prepared URLs always have a path), so it decides the origin.
+    end = url.find("/", url.find("://") + 3)
+    return url if end < 0 else url[:end]
 
 
 def _cap_timeout(

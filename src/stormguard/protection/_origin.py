@@ -143,6 +143,16 @@ class OriginGuard:
         self._pacer = pacer
         self._policy_cache: tuple[Any, Any] | None = None
 
+    @property
+    def paced(self) -> bool:
+        """Whether :meth:`wait_before` can ask for a wait (a cooldown or pacing is on)."""
+        return self._cooldown is not None or self._pacer is not None
+
+    @property
+    def pacing(self) -> bool:
+        """Whether :meth:`observe` learns from every response (pacing reads quotas)."""
+        return self._pacer is not None
+
     def in_use(self, *, breaker: bool = True, bulkhead: bool = True) -> bool:
         """Whether forgetting this guard would lose protection that is running now.
 
@@ -294,6 +304,7 @@ class OriginGuards:
         "_pacer_settings",
         "_rng",
         "_store",
+        "generation",
     )
 
     def __init__(
@@ -322,6 +333,9 @@ class OriginGuards:
         self._cooldown_settings = _settings(cooldown, "cooldown", Cooldown)
         self._pacer_settings = _settings(pacing, "pacing", Pacer)
         self._guards: OrderedDict[str, OriginGuard] = OrderedDict()  # least recent first
+        # Bumped whenever a guard handed out stops being the registry's (an eviction,
+        # a reset): an adapter that keeps guards per origin checks it on each request.
+        self.generation = 0
         self._lock = threading.Lock()
         self._fresh_shared_parts()
 
@@ -381,6 +395,7 @@ class OriginGuards:
             origin, guard = next(iter(guards.items()))
             if not guard.in_use(breaker=own_breaker, bulkhead=own_bulkhead):
                 del guards[origin]
+                self.generation += 1
                 return
             guards.move_to_end(origin)
 
@@ -391,6 +406,7 @@ class OriginGuards:
         with self._lock:
             self._guards.clear()
             self._fresh_shared_parts()
+            self.generation += 1
 
     def for_url(self, url: str) -> OriginGuard:
         """The guard of the origin of ``url``."""
