@@ -32,6 +32,7 @@ test: lint types unit
 
 demo: $(STAMP)
 	$(BIN)/stormguard demo
+	$(BIN)/stormguard demo gateway
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench

@@ -16,9 +16,9 @@ from ._errors import MissingExtra
 # name -> (module, attribute, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": (
-        "stormguard.mock._demo",
-        "demo_command",
-        "Naive vs stormguard client against a flaky API.",
+        "stormguard.gateway._demo_cli",
+        "demo_group",
+        "Naive vs stormguard client against a flaky API; 'demo gateway': behind the gateway.",
     ),
     "gateway": (
         "stormguard.gateway._cli",

@@ -1,5 +1,5 @@
 # The gateway as two ASGI apps: the proxy (HTTP + WebSocket on `listen.http`) and
-# the admin app (`listen.admin`: /metrics, /status, /healthz, /readyz).
+# the admin app (`listen.admin`: /metrics, /status, /healthz, /readyz, /dashboard).
 #
 # `Gateway.runtime` is the one mutable reference: a reload builds a new Runtime and
 # assigns it; every request reads it once on arrival, so a request never sees half
@@ -13,6 +13,7 @@ from typing import Any
 
 from ..server._types import Receive, Scope, Send
 from ._config import GatewayConfig
+from ._dashboard import DASHBOARD_PATHS, send_dashboard
 from ._metrics import GatewayMetrics, StatusBuilder
 from ._proxy import handle_http
 from ._runtime import Runtime
@@ -116,6 +117,8 @@ class AdminApp:
             ready = self.ready() if self.ready is not None else True
             body = b'{"status":"ready"}' if ready else b'{"status":"not ready"}'
             await _send(send, 200 if ready else 503, body, b"application/json")
+        elif path in DASHBOARD_PATHS:
+            await send_dashboard(send, path)
         else:
             await _send(send, 404, b'{"status":"not found"}', b"application/json")
 

@@ -192,6 +192,10 @@ class StatusBuilder:
                     "p50": None if p50 is None else round(p50 * 1000, 3),
                     "p99": None if p99 is None else round(p99 * 1000, 3),
                 }
+        for s in samples.get("stormguard_gateway_upstream_latency_seconds_count", []):
+            if s.labels.get("upstream") in upstreams:  # answers the upstream gave
+                row = upstreams[s.labels["upstream"]]
+                row["requests"] = row.get("requests", 0) + int(s.value)
         routes: dict[str, dict[str, int]] = {}
         total = 0.0
         for s in samples.get("stormguard_gateway_requests_total", []):
@@ -207,6 +211,10 @@ class StatusBuilder:
             s.labels["route"]: int(s.value)
             for s in samples.get("stormguard_gateway_websocket_connections", [])
         }
+        ws_messages: dict[str, dict[str, int]] = {}
+        for s in samples.get("stormguard_gateway_websocket_messages_total", []):
+            row = ws_messages.setdefault(s.labels["route"], {"in": 0, "out": 0})
+            row[s.labels["direction"]] = row.get(s.labels["direction"], 0) + int(s.value)
         store_down = any(s.value for s in samples.get("stormguard_gateway_store_unavailable", []))
         now = time.monotonic()
         history = self._history
@@ -224,5 +232,6 @@ class StatusBuilder:
                 {"client": client, "reason": reason, "refusals": n} for (client, reason), n in top
             ],
             "websockets": websockets,
+            "websocket_messages": ws_messages,
             "store": "unavailable" if store_down else "ok",
         }

@@ -418,7 +418,7 @@ async def _attempts(
 
     method: str = scope["method"]
     view = ScopeView(scope)
-    headers = request_headers(scope, rt.identity.ip(view), rt.identity.trusted_peer(view))
+    headers = request_headers(scope, rt.identity.trusted_peer(view))
     keyed = _header(scope, b"idempotency-key") is not None
     replayable = not hasattr(body, "__aiter__")
     path = scope.get("raw_path") or scope["path"].encode()

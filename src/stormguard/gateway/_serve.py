@@ -41,6 +41,12 @@ def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
             "targets": up.all_targets,
             "bulkhead_limit": h.limit if h else None,
             "bulkhead_per_client": h.per_client if h else None,
+            # route name -> protocol, for the dashboard's per-upstream panels
+            "routes": {
+                r.name: "grpc" if r.grpc else "websocket" if r.websocket else "http"
+                for r in config.routes
+                if r.upstream == name
+            },
         }
     return out
 

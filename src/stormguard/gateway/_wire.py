@@ -34,13 +34,12 @@ def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
     return tokens
 
 
-def request_headers(
-    scope: Mapping[str, Any], client_ip: str, trusted_peer: bool
-) -> list[tuple[str, str]]:
+def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[str, str]]:
     """The headers to send upstream (as str pairs for aiohttp).
 
-    X-Forwarded-For: the incoming chain is kept only when the peer is a trusted
-    proxy; otherwise it is replaced by the peer address (a client cannot forge it).
+    X-Forwarded-For: the incoming chain, plus the peer, is kept only when the peer
+    is a trusted proxy; otherwise it is the peer address alone (a client cannot
+    forge it).
     """
     raw: list[tuple[bytes, bytes]] = scope["headers"]
     drop = (
@@ -66,7 +65,9 @@ def request_headers(
             via = v.decode("latin-1")
         if k not in drop:
             out.append((k.decode("latin-1"), v.decode("latin-1")))
-    chain = f"{forwarded_for}, {client_ip}" if forwarded_for and trusted_peer else client_ip
+    client = scope.get("client")
+    peer = str(client[0]) if client else "unknown"
+    chain = f"{forwarded_for}, {peer}" if forwarded_for and trusted_peer else peer
     out.append(("X-Forwarded-For", chain))
     out.append(("X-Forwarded-Proto", str(scope.get("scheme", "http")).replace("ws", "http")))
     if host:

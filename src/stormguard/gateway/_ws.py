@@ -215,7 +215,7 @@ async def _proxy(
     view = ScopeView(scope)
     headers = [
         (k, v)
-        for k, v in request_headers(scope, rt.identity.ip(view), rt.identity.trusted_peer(view))
+        for k, v in request_headers(scope, rt.identity.trusted_peer(view))
         if not k.lower().startswith("sec-websocket")
     ]
     protocols = [

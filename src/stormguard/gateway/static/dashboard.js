@@ -1,0 +1,241 @@
+// stormguard gateway dashboard: polls /status twice a second and draws it.
+// No framework, no build step. Rates are differences between polls over the last
+// few seconds; the breaker history is kept by the page since it was opened.
+// Contract (pinned): each upstream's breaker is an element with
+// data-upstream="NAME" and data-breaker="closed|open|half_open" whose text names it.
+"use strict";
+
+const POLL_MS = 500;
+const RATE_WINDOW_MS = 3000;
+const HISTORY = 96;
+const STATE_TEXT = { closed: "closed", open: "open", half_open: "half-open" };
+const REASON_TEXT = {
+  breaker_open: "breaker open",
+  bulkhead_full: "bulkhead full",
+  idempotency_conflict: "idempotency conflict",
+  too_large: "too large",
+  upstream_timeout: "upstream timeout",
+  upstream_error: "upstream error (not a refusal)",
+  not_found: "no route",
+  client_gone: "client went away",
+};
+
+// Outcomes that are not the gateway refusing anything: kept out of the refusal tables.
+const NOT_REFUSALS = new Set(["allowed", "upstream_error", "client_gone", "not_found"]);
+
+const samples = []; // {t, status}
+const history = new Map(); // upstream -> [state, ...]
+const cards = new Map(); // upstream -> {root, parts}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function reasonText(reason) {
+  if (reason.startsWith("limited:")) return "over limit " + reason.slice(8);
+  return REASON_TEXT[reason] || reason.replace(/_/g, " ");
+}
+
+function fmt(n, digits) {
+  if (n === null || n === undefined || Number.isNaN(n)) return "–";
+  return n.toLocaleString("en", { maximumFractionDigits: digits ?? 1 });
+}
+
+// Per second, from the oldest sample in the window to the newest.
+function rate(pick) {
+  if (samples.length < 2) return null;
+  const last = samples[samples.length - 1];
+  const first = samples.find((s) => last.t - s.t <= RATE_WINDOW_MS) || samples[0];
+  const dt = (last.t - first.t) / 1000;
+  if (dt <= 0) return null;
+  return Math.max(0, (pick(last.status) - pick(first.status)) / dt);
+}
+
+function refusals(row) {
+  let n = 0;
+  for (const [k, v] of Object.entries(row || {})) if (!NOT_REFUSALS.has(k)) n += v;
+  return n;
+}
+
+function replaceRows(tbody, rows, emptyText, columns) {
+  tbody.replaceChildren();
+  if (rows.length === 0) {
+    tbody.append(el("tr", {}, el("td", { colspan: String(columns), class: "empty" }, emptyText)));
+    return;
+  }
+  for (const row of rows) tbody.append(row);
+}
+
+function upstreamCard(name) {
+  const badge = el("span", { class: "state closed", "data-upstream": name, "data-breaker": "closed",
+    role: "status", "aria-label": "breaker of " + name }, "closed");
+  const strip = el("div", { class: "history", role: "img" });
+  const dd = {};
+  const stats = el("dl", { class: "stats" });
+  for (const [key, label] of [["rate", "Answers/s"], ["latency", "Latency p50 / p99"],
+    ["bulkhead", "Bulkhead in flight"], ["protocols", "Routes"]]) {
+    dd[key] = el("dd", { "data-stat": key }, "–");
+    stats.append(el("dt", {}, label), dd[key]);
+  }
+  const meter = el("meter", { min: "0", max: "1", value: "0", "aria-label": "bulkhead use of " + name });
+  const used = el("span", {}, "–");
+  dd.bulkhead.replaceChildren(meter, used);
+  const tbody = el("tbody");
+  const table = el("table", {},
+    el("caption", { class: "visually-hidden" }, "Refusals by reason for " + name),
+    el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Refused because"),
+      el("th", { scope: "col", class: "num" }, "Total"), el("th", { scope: "col", class: "num" }, "Per second"))),
+    tbody);
+  const root = el("article", { class: "card", "aria-labelledby": "up-" + name },
+    el("div", { class: "card-head" }, el("h3", { id: "up-" + name }, name), badge), strip, stats, table);
+  return { root, badge, strip, dd, meter, used, tbody };
+}
+
+function drawUpstreams(status) {
+  const container = document.getElementById("upstreams");
+  for (const [name, up] of Object.entries(status.upstreams || {})) {
+    let card = cards.get(name);
+    if (!card) {
+      card = upstreamCard(name);
+      cards.set(name, card);
+      container.append(card.root);
+    }
+    const state = STATE_TEXT[up.breaker] ? up.breaker : "closed";
+    card.badge.className = "state " + state;
+    card.badge.dataset.breaker = state;
+    card.badge.textContent = STATE_TEXT[state];
+    const past = history.get(name) || [];
+    past.push(state);
+    if (past.length > HISTORY) past.shift();
+    history.set(name, past);
+    card.strip.replaceChildren(...past.map((s) => el("span", { class: s, title: STATE_TEXT[s] })));
+    const opened = past.filter((s) => s !== "closed").length;
+    card.strip.setAttribute("aria-label",
+      `breaker history of ${name}: ${opened} of the last ${past.length} updates not closed`);
+    card.dd.rate.textContent = fmt(rate((s) => (s.upstreams?.[name]?.requests) || 0));
+    const lat = up.latency_ms || {};
+    card.dd.latency.textContent = `${fmt(lat.p50, 2)} ms / ${fmt(lat.p99, 2)} ms`;
+    const limit = up.bulkhead_limit;
+    card.used.textContent = limit ? ` ${up.in_flight} of ${limit}` : ` ${up.in_flight} (no bulkhead)`;
+    card.meter.max = String(limit || 1);
+    card.meter.value = String(Math.min(up.in_flight, limit || 1));
+    const kinds = up.routes || {};
+    card.dd.protocols.textContent = Object.entries(kinds).map(([r, k]) => `${r} (${k})`).join(", ") || "–";
+    const totals = {};
+    for (const route of Object.keys(kinds)) {
+      for (const [reason, n] of Object.entries(status.routes?.[route] || {})) {
+        if (!NOT_REFUSALS.has(reason)) totals[reason] = (totals[reason] || 0) + n;
+      }
+    }
+    const rows = Object.entries(totals).sort((a, b) => b[1] - a[1]).map(([reason, n]) => {
+      const r = rate((s) => Object.keys(kinds).reduce((acc, route) => acc + (s.routes?.[route]?.[reason] || 0), 0));
+      return el("tr", { "data-upstream-reason": reason }, el("td", {}, reasonText(reason)),
+        el("td", { class: "num" }, fmt(n, 0)), el("td", { class: "num" }, fmt(r)));
+    });
+    replaceRows(card.tbody, rows, "no refusals", 3);
+  }
+}
+
+function drawTotals(status) {
+  const totals = {};
+  for (const row of Object.values(status.routes || {})) {
+    for (const [reason, n] of Object.entries(row)) {
+      if (!NOT_REFUSALS.has(reason)) totals[reason] = (totals[reason] || 0) + n;
+    }
+  }
+  const rows = Object.entries(totals).sort((a, b) => b[1] - a[1]).map(([reason, n]) => {
+    const r = rate((s) => Object.values(s.routes || {}).reduce((acc, row) => acc + (row[reason] || 0), 0));
+    return el("tr", { "data-reason": reason }, el("th", { scope: "row" }, reasonText(reason)),
+      el("td", { class: "num", "data-refusals": reason }, fmt(n, 0)), el("td", { class: "num" }, fmt(r)));
+  });
+  replaceRows(document.querySelector("#refusals tbody"), rows, "no refusals yet", 3);
+}
+
+function drawRoutes(status) {
+  const owner = {};
+  for (const [name, up] of Object.entries(status.upstreams || {})) {
+    for (const [route, kind] of Object.entries(up.routes || {})) owner[route] = [name, kind];
+  }
+  const all = { ...Object.fromEntries(Object.keys(owner).map((r) => [r, { allowed: 0 }])),
+    ...(status.routes || {}) };
+  const rows = Object.entries(all).sort().map(([route, row]) => {
+    const [upstream, kind] = owner[route] || ["–", route.startsWith("/") ? "http" : "grpc"];
+    const reasons = Object.entries(row).filter(([k, n]) => k !== "allowed" && n > 0)
+      .map(([k, n]) => `${reasonText(k)}: ${fmt(n, 0)}`).join(", ");
+    return el("tr", { "data-route": route }, el("th", { scope: "row" }, route), el("td", {}, kind),
+      el("td", {}, upstream),
+      el("td", { class: "num" }, fmt(rate((s) => s.routes?.[route]?.allowed || 0))),
+      el("td", { class: "num" }, fmt(rate((s) => refusals(s.routes?.[route])))),
+      el("td", { class: "num" }, fmt(row.allowed || 0, 0)), el("td", {}, reasons || "–"));
+  });
+  replaceRows(document.querySelector("#routes tbody"), rows, "no requests yet", 7);
+}
+
+function drawClients(status) {
+  const rows = (status.top_limited_clients || []).filter((c) => !NOT_REFUSALS.has(c.reason)).map((c) =>
+    el("tr", { "data-client": c.client }, el("td", {}, el("code", {}, c.client)),
+      el("td", {}, reasonText(c.reason)), el("td", { class: "num" }, fmt(c.refusals, 0))));
+  replaceRows(document.querySelector("#clients tbody"), rows, "nobody has been refused", 3);
+}
+
+function drawWebSockets(status) {
+  const configured = Object.values(status.upstreams || {}).flatMap((up) =>
+    Object.entries(up.routes || {}).filter(([, kind]) => kind === "websocket").map(([r]) => r));
+  const names = new Set([...configured, ...Object.keys(status.websockets || {}),
+    ...Object.keys(status.websocket_messages || {})]);
+  const rows = [...names].sort().map((route) => el("tr", { "data-ws-route": route },
+    el("th", { scope: "row" }, route),
+    el("td", { class: "num" }, fmt(status.websockets?.[route] || 0, 0)),
+    el("td", { class: "num" }, fmt(rate((s) => s.websocket_messages?.[route]?.in || 0))),
+    el("td", { class: "num" }, fmt(rate((s) => s.websocket_messages?.[route]?.out || 0)))));
+  replaceRows(document.querySelector("#websockets tbody"), rows, "no WebSocket routes in use", 4);
+}
+
+function draw(status) {
+  document.getElementById("store").textContent = status.store || "–";
+  document.getElementById("rate").textContent = fmt(rate((s) => s.requests_total || 0));
+  document.getElementById("refused-rate").textContent =
+    fmt(rate((s) => Object.values(s.routes || {}).reduce((acc, row) => acc + refusals(row), 0)));
+  document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+  drawUpstreams(status);
+  drawTotals(status);
+  drawRoutes(status);
+  drawClients(status);
+  drawWebSockets(status);
+}
+
+function setLink(state) {
+  const link = document.getElementById("link");
+  link.dataset.link = state;
+  link.textContent = state;
+}
+
+async function poll() {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), 3000);
+  try {
+    const response = await fetch("/status", { cache: "no-store", signal: controller.signal });
+    if (!response.ok) throw new Error("HTTP " + response.status);
+    const status = await response.json();
+    const now = performance.now();
+    samples.push({ t: now, status });
+    while (samples.length > 2 && now - samples[1].t > RATE_WINDOW_MS) samples.shift();
+    draw(status);
+    setLink("live");
+  } catch (err) {
+    setLink("lost");
+  } finally {
+    clearTimeout(timer);
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", poll);
