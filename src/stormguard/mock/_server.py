@@ -28,12 +28,12 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import h11
 
 from .._errors import ConfigError
+from .._scope import Scope
 from ._checker import Checker, Report
 from ._faults import Plan, Planner
 from ._journal import MockState, attempt_of
@@ -64,7 +64,7 @@ def _coerce(scenario: Scenario | Mapping[str, Any] | str | Path) -> Scenario:
     return load_scenario(scenario)
 
 
-class MockServer:
+class MockServer(Scope):
     """A fault-injection HTTP/1.1 server playing a scenario.
 
     >>> with MockServer({"routes": [{"match": {"path": "/ping"}}]}) as mock:
@@ -196,15 +196,10 @@ class MockServer:
         self._thread = None
         self._loop = None
 
-    def __enter__(self) -> MockServer:
-        return self.start()
+    def _enter(self) -> None:
+        self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit(self, exc: BaseException | None) -> None:
         self.stop()
 
     async def serve_forever(self, ready: Callable[[], None] | None = None) -> None:

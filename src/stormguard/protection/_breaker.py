@@ -29,11 +29,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
-from types import CoroutineType, TracebackType
+from types import CoroutineType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen, ConfigError
+from .._scope import AsyncScope, Scope
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
 from ..stores._memory import MemoryStore
@@ -59,7 +60,7 @@ _CM_PERMITS: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
 )
 
 
-class CircuitBreaker:
+class CircuitBreaker(Scope, AsyncScope):
     """Closed / open / half-open circuit breaker, thread- and asyncio-safe.
 
     Opens when, within the last ``window`` seconds (or calls, with
@@ -424,17 +425,10 @@ class CircuitBreaker:
 
         return wrapper
 
-    def __enter__(self) -> CircuitBreaker:
-        permit = self.acquire()
-        _CM_PERMITS.set((*_CM_PERMITS.get(), (self, permit)))
-        return self
+    def _enter(self) -> None:
+        _CM_PERMITS.set((*_CM_PERMITS.get(), (self, self.acquire())))
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit(self, exc: BaseException | None) -> None:
         permit = self._pop_permit()
         if exc is None:
             permit.record(failure=False)
@@ -443,17 +437,10 @@ class CircuitBreaker:
         else:
             permit.release()
 
-    async def __aenter__(self) -> CircuitBreaker:
-        permit = await self.aacquire()
-        _CM_PERMITS.set((*_CM_PERMITS.get(), (self, permit)))
-        return self
+    async def _aenter(self) -> None:
+        _CM_PERMITS.set((*_CM_PERMITS.get(), (self, await self.aacquire())))
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def _aexit(self, exc: BaseException | None) -> None:
         permit = self._pop_permit()
         if exc is None:
             await permit.arecord(failure=False)

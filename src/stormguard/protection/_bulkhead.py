@@ -17,11 +17,11 @@ import math
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import BulkheadFull, ConfigError
+from .._scope import AsyncScope, Scope
 
 __all__ = ["Bulkhead"]
 
@@ -50,7 +50,7 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Bulkhead:
+class Bulkhead(Scope, AsyncScope):
     """At most ``limit`` calls at once; a caller waits up to ``max_wait`` seconds.
 
     Sync and async callers share the same slots. When no slot frees up within
@@ -189,28 +189,16 @@ class Bulkhead:
                 raise RuntimeError("Bulkhead.release() without a matching acquire")
             self._in_flight -= 1
 
-    def __enter__(self) -> Bulkhead:
+    def _enter(self) -> None:
         self.acquire()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit(self, exc: BaseException | None) -> None:
         self.release()
 
-    async def __aenter__(self) -> Bulkhead:
+    async def _aenter(self) -> None:
         await self.aacquire()
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def _aexit(self, exc: BaseException | None) -> None:
         self.release()
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

@@ -43,12 +43,12 @@ import threading
 import weakref
 from collections.abc import Callable, Generator, Sequence
 from importlib import resources
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError, StoreError
 from .._extras import require
+from .._scope import AsyncScope, Scope
 from ..core._limiters import Algorithm, Decision, LimitRequest
 from . import _lua, _scripts
 
@@ -185,7 +185,7 @@ class _RedisBase:
         return f"{type(self).__name__}({url!r}, prefix={self.prefix!r})"
 
 
-class RedisStore(_RedisBase):
+class RedisStore(_RedisBase, Scope):
     """Shared state in Redis for sync callers (redis-py; hiredis when installed).
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, a
@@ -353,19 +353,11 @@ class RedisStore(_RedisBase):
         except Exception as exc:
             raise _store_error(exc) from exc
 
-    def __enter__(self) -> RedisStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit(self, exc: BaseException | None) -> None:
         self.close()
 
 
-class AsyncRedisStore(_RedisBase):
+class AsyncRedisStore(_RedisBase, AsyncScope):
     """Shared state in Redis for asyncio callers; same contract as :class:`RedisStore`.
 
     ``url`` may also be a ``redis.asyncio.Redis`` or
@@ -511,13 +503,5 @@ class AsyncRedisStore(_RedisBase):
         except Exception as exc:
             raise _store_error(exc) from exc
 
-    async def __aenter__(self) -> AsyncRedisStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def _aexit(self, exc: BaseException | None) -> None:
         await self.aclose()
