@@ -48,23 +48,38 @@ def inlined_hitter(
     return None
 
 
+class _StoreKeys(dict[str, str]):
+    """key -> store key (``prefix + key``): a lookup is cheaper than a concat.
+
+    A hit is a plain dict lookup; a miss builds the key in ``__missing__``. Bounded like the
+    store itself: full, it starts over.
+    """
+
+    __slots__ = ("cap", "prefix")
+
+    def __init__(self, prefix: str, cap: int) -> None:
+        super().__init__()
+        self.prefix, self.cap = prefix, cap
+
+    def __missing__(self, key: str) -> str:
+        if len(self) >= self.cap:
+            self.clear()
+        skey = self[key] = self.prefix + key
+        return skey
+
+
 def _gcra(table: Table, algorithm: GCRA, name: str, slow: Callable[..., Decision]) -> FastHit:
     data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
     move_to_end = data.move_to_end
     rate, burst = algorithm.rate, algorithm.burst
     tau = burst / rate
-    limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
-    skeys: dict[str, str] = {}  # key -> store key: a lookup is cheaper than a concat
-    cached, cap = skeys.get, table.max_keys
+    limit, window = algorithm.limit, algorithm.window
+    skeys = _StoreKeys(name + "\x00", table.max_keys)
 
     def hit(key: str, cost: float = 1.0) -> Decision:
         if not 0 < cost <= burst:
             return slow(key, cost)
-        skey = cached(key)
-        if skey is None:
-            if len(skeys) >= cap:
-                skeys.clear()  # bounded like the store itself
-            skey = skeys[key] = prefix + key
+        skey = skeys[key]
         with lock:
             now = monotonic()
             entry = data.get(skey)
@@ -124,18 +139,13 @@ def _token_bucket(
     data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
     move_to_end = data.move_to_end
     rate, burst = algorithm.rate, algorithm.burst
-    limit, window, prefix = algorithm.limit, algorithm.window, name + "\x00"
-    skeys: dict[str, str] = {}  # key -> store key: a lookup is cheaper than a concat
-    cached, cap = skeys.get, table.max_keys
+    limit, window = algorithm.limit, algorithm.window
+    skeys = _StoreKeys(name + "\x00", table.max_keys)
 
     def hit(key: str, cost: float = 1.0) -> Decision:
         if not 0 < cost <= burst:
             return slow(key, cost)
-        skey = cached(key)
-        if skey is None:
-            if len(skeys) >= cap:
-                skeys.clear()  # bounded like the store itself
-            skey = skeys[key] = prefix + key
+        skey = skeys[key]
         with lock:
             now = monotonic()
             entry = data.get(skey)
