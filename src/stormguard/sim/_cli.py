@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 from .._errors import ConfigError, MissingExtra
 
@@ -21,6 +21,7 @@ from ._engine import numpy, progress
 __all__ = ["simulate_command"]
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _OCC_CLIENTS = "10,20,30,40,50,60,70,80,90,100,110,120,130,140,150,160,170,180,190"
 
@@ -59,6 +60,30 @@ def _say(message: str) -> None:
     click.echo(message)
 
 
+_Tables = Mapping[str, tuple[Sequence[str], Sequence[Sequence[object]]]]
+
+
+def _written(
+    out: Path,
+    scenario: str,
+    parameters: Mapping[str, Any],
+    tables: _Tables,
+    draw: Callable[[Path], Path] | Literal[False],
+) -> list[Path]:
+    # SCENARIO.csv holds the "rows" table, SCENARIO_NAME.csv each other table, SCENARIO.json
+    # all of them with the parameters, SCENARIO.png the plot (when `draw` is given).
+    paths = [_output.write_csv(out / f"{scenario}.csv", *tables["rows"])]
+    paths += [
+        _output.write_csv(out / f"{scenario}_{name}.csv", *table)
+        for name, table in tables.items()
+        if name != "rows"
+    ]
+    paths.append(_output.write_json(out / f"{scenario}.json", scenario, parameters, tables))
+    if draw:
+        paths.append(draw(out / f"{scenario}.png"))
+    return paths
+
+
 def run_occ(
     out: Path,
     clients: list[int],
@@ -92,17 +117,13 @@ def run_occ(
         "base": _occ.BASE,
         "cap": _occ.CAP,
     }
-    paths = [
-        _output.write_csv(out / "occ.csv", _output.OCC_HEADER, table),
-        _output.write_json(
-            out / "occ.json", "occ", parameters, {"rows": (_output.OCC_HEADER, table)}
-        ),
-    ]
-    if plot:
+
+    def draw(path: Path) -> Path:
         from ._plots import plot_occ
 
-        paths.append(plot_occ(rows, out / "occ.png"))
-    return paths
+        return plot_occ(rows, path)
+
+    return _written(out, "occ", parameters, {"rows": (_output.OCC_HEADER, table)}, plot and draw)
 
 
 def run_storm(
@@ -127,24 +148,17 @@ def run_storm(
                 for k, v in zip(_output.STORM_HEADER, row, strict=True)
             )
         )
-    paths = [
-        _output.write_csv(out / "storm.csv", _output.STORM_HEADER, table),
-        _output.write_csv(out / "storm_timeline.csv", _output.TIMELINE_HEADER, timeline),
-        _output.write_json(
-            out / "storm.json",
-            "storm",
-            {**asdict(config), "seed": seed},
-            {
-                "rows": (_output.STORM_HEADER, table),
-                "timeline": (_output.TIMELINE_HEADER, timeline),
-            },
-        ),
-    ]
-    if plot:
+
+    def draw(path: Path) -> Path:
         from ._plots import plot_storm
 
-        paths.append(plot_storm(results, config, out / "storm.png"))
-    return paths
+        return plot_storm(results, config, path)
+
+    tables: _Tables = {
+        "rows": (_output.STORM_HEADER, table),
+        "timeline": (_output.TIMELINE_HEADER, timeline),
+    }
+    return _written(out, "storm", {**asdict(config), "seed": seed}, tables, plot and draw)
 
 
 def run_budget(
@@ -168,17 +182,14 @@ def run_budget(
         "failure_rates": failure_rates,
         "seed": seed,
     }
-    paths = [
-        _output.write_csv(out / "budget.csv", _output.BUDGET_HEADER, table),
-        _output.write_json(
-            out / "budget.json", "budget", parameters, {"rows": (_output.BUDGET_HEADER, table)}
-        ),
-    ]
-    if plot:
+
+    def draw(path: Path) -> Path:
         from ._plots import plot_budget
 
-        paths.append(plot_budget(rows, out / "budget.png"))
-    return paths
+        return plot_budget(rows, path)
+
+    tables = {"rows": (_output.BUDGET_HEADER, table)}
+    return _written(out, "budget", parameters, tables, plot and draw)
 
 
 def run_layers(
@@ -195,17 +206,25 @@ def run_layers(
         rows = _layers.run(config, depth, attempts, tick=tick)
     table = [(r.policy, r.depth, r.attempts, r.load) for r in rows]
     parameters = {**asdict(config), "depth": depth, "attempts": attempts}
-    paths = [
-        _output.write_csv(out / "layers.csv", _output.LAYERS_HEADER, table),
-        _output.write_json(
-            out / "layers.json", "layers", parameters, {"rows": (_output.LAYERS_HEADER, table)}
-        ),
-    ]
-    if plot:
+
+    def draw(path: Path) -> Path:
         from ._plots import plot_layers
 
-        paths.append(plot_layers(rows, out / "layers.png"))
-    return paths
+        return plot_layers(rows, path)
+
+    tables = {"rows": (_output.LAYERS_HEADER, table)}
+    return _written(out, "layers", parameters, tables, plot and draw)
+
+
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+_NON_NEGATIVE = click.FloatRange(min=0)
+
+
+def _option(flag: str, kind: Any, default: object, help: str) -> Callable[[_F], _F]:
+    """One scenario flag; its default is shown in ``--help`` unless it is None (computed)."""
+    return click.option(
+        flag, type=kind, default=default, show_default=default is not None, help=help
+    )
 
 
 def _checked(call: Callable[[], _T]) -> _T:
@@ -219,109 +238,38 @@ def _checked(call: Callable[[], _T]) -> _T:
 
 @click.command(name="simulate")
 @click.argument("scenario", type=click.Choice(["occ", "storm", "budget", "layers"]))
-@click.option(
+@_option(
     "--out",
-    "out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("sim-out"),
-    show_default=True,
-    help="Directory for CSV/JSON/PNG.",
+    click.Path(file_okay=False, path_type=Path),
+    Path("sim-out"),
+    "Directory for CSV/JSON/PNG.",
 )
-@click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same files.")
-@click.option(
-    "--clients", default=None, help="occ: comma list [10,20,...,190]; budget: comma list [100]."
-)
-@click.option(
-    "--runs",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="occ: runs per configuration.",
-)
-@click.option(
-    "--jobs", type=click.IntRange(min=1), default=None, help="occ: worker processes [all cores]."
-)
-@click.option(
-    "--rps",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1000.0,
-    show_default=True,
-    help="storm: first attempts per second.",
-)
-@click.option(
-    "--outage",
-    type=click.FloatRange(min=0),
-    default=5.0,
-    show_default=True,
-    help="storm: seconds the server fails everything.",
-)
-@click.option(
-    "--outage-start",
-    type=click.FloatRange(min=0),
-    default=5.0,
-    show_default=True,
-    help="storm: second at which the outage starts.",
-)
-@click.option(
-    "--retries",
-    type=click.IntRange(min=0),
-    default=3,
-    show_default=True,
-    help="storm: retries per request.",
-)
-@click.option(
-    "--server",
-    type=click.Choice(list(_storm.SERVERS)),
-    default="outage",
-    show_default=True,
-    help="storm: server model.",
-)
-@click.option(
-    "--capacity",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="storm: server capacity in attempts/s [1.5 x rps].",
-)
-@click.option(
-    "--duration",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="storm, budget: seconds of traffic.",
-)
-@click.option(
+@_option("--seed", int, 1, "Same seed, same files.")
+@_option("--clients", None, None, "occ: comma list [10,20,...,190]; budget: comma list [100].")
+@_option("--runs", click.IntRange(min=1), 100, "occ: runs per configuration.")
+@_option("--jobs", click.IntRange(min=1), None, "occ: worker processes [all cores].")
+@_option("--rps", _POSITIVE, 1000.0, "storm: first attempts per second.")
+@_option("--outage", _NON_NEGATIVE, 5.0, "storm: seconds the server fails everything.")
+@_option("--outage-start", _NON_NEGATIVE, 5.0, "storm: second at which the outage starts.")
+@_option("--retries", click.IntRange(min=0), 3, "storm: retries per request.")
+@_option("--server", click.Choice(list(_storm.SERVERS)), "outage", "storm: server model.")
+@_option("--capacity", _POSITIVE, None, "storm: server capacity in attempts/s [1.5 x rps].")
+@_option("--duration", _POSITIVE, 30.0, "storm, budget: seconds of traffic.")
+@_option(
     "--failure-rates",
-    default="0:1:0.05",
-    show_default=True,
-    help="budget: failure probabilities per attempt: a comma list or START:STOP:STEP.",
+    None,
+    "0:1:0.05",
+    "budget: failure probabilities per attempt: a comma list or START:STOP:STEP.",
 )
-@click.option(
-    "--rate",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="budget: calls per second per client.",
-)
-@click.option(
+@_option("--rate", _POSITIVE, 10.0, "budget: calls per second per client.")
+@_option(
     "--total-rps",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="budget: fixed total calls/s shared by the clients (overrides --rate).",
+    _POSITIVE,
+    None,
+    "budget: fixed total calls/s shared by the clients (overrides --rate).",
 )
-@click.option(
-    "--depth",
-    type=click.IntRange(min=1, max=8),
-    default=4,
-    show_default=True,
-    help="layers: number of retrying layers.",
-)
-@click.option(
-    "--attempts",
-    type=click.IntRange(min=1, max=10),
-    default=4,
-    show_default=True,
-    help="layers: attempts per layer.",
-)
+@_option("--depth", click.IntRange(min=1, max=8), 4, "layers: number of retrying layers.")
+@_option("--attempts", click.IntRange(min=1, max=10), 4, "layers: attempts per layer.")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Draw PNG plots.")
 @click.option(
     "--progress/--no-progress", "show_progress", default=None, help="Progress bar [on a terminal]."
