@@ -9,8 +9,9 @@ import ipaddress
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import MissingExtra, ScenarioError
 
@@ -22,6 +23,8 @@ except ImportError as exc:  # pragma: no cover - needs the extra missing
 from ._checker import check_journal
 
 __all__ = ["mock_group"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _serve(
@@ -113,27 +116,22 @@ _journal_option = click.option(
 )
 
 
+def _serve_options(command: _F) -> _F:
+    """How to serve a scenario: the flags :func:`_serve` takes after the scenario."""
+    for option in (_quiet_option, _journal_option, _seed_option, _port_option, _host_option):
+        command = option(command)
+    return command
+
+
 @click.group(
     name="mock",
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @_scenario_option
-@_host_option
-@_port_option
-@_seed_option
-@_journal_option
-@_quiet_option
+@_serve_options
 @click.pass_context
-def mock_group(
-    ctx: click.Context,
-    scenario: Path | None,
-    host: str,
-    port: int,
-    seed: int | None,
-    journal_out: Path | None,
-    quiet: bool,
-) -> None:
+def mock_group(ctx: click.Context, /, scenario: Path | None, **serve: Any) -> None:
     """Fault-injection mock server and retry-contract checker.
 
     \b
@@ -145,7 +143,7 @@ def mock_group(
     if scenario is None:  # `stormguard mock` alone: show the usage
         click.echo(ctx.get_help())
         ctx.exit(2)
-    _serve(scenario, host, port, seed, journal_out, quiet)
+    _serve(scenario, **serve)
 
 
 @mock_group.command("serve")
@@ -156,21 +154,10 @@ def mock_group(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Scenario file (.yaml/.yml or .toml).",
 )
-@_host_option
-@_port_option
-@_seed_option
-@_journal_option
-@_quiet_option
-def serve_command(
-    scenario: Path,
-    host: str,
-    port: int,
-    seed: int | None,
-    journal_out: Path | None,
-    quiet: bool,
-) -> None:
+@_serve_options
+def serve_command(scenario: Path, **serve: Any) -> None:
     """Serve a scenario until Ctrl-C (same as `stormguard mock --scenario FILE`)."""
-    _serve(scenario, host, port, seed, journal_out, quiet)
+    _serve(scenario, **serve)
 
 
 @mock_group.command("verify")
