@@ -7,8 +7,12 @@ protocol's signatures, so the typed ``__exit__(exc_type, exc, tb)`` boilerplate 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Any, ParamSpec, Self
+
+P = ParamSpec("P")
 
 
 class Scope:
@@ -57,3 +61,27 @@ class AsyncScope:
         tb: TracebackType | None,
     ) -> None:
         await self._aexit(exc)
+
+
+def wrapped(
+    fn: Callable[P, Any],
+    run: Callable[..., Any],
+    arun: Callable[..., Any] | None,
+) -> Callable[P, Any]:
+    """``fn`` decorated so each call goes through ``run(fn, ...)``, or ``await arun(fn, ...)``.
+
+    The caller decides whether ``fn`` is async: it passes ``arun`` then, None otherwise.
+    """
+    if arun is not None:
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return await arun(fn, *args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        return run(fn, *args, **kwargs)
+
+    return wrapper

@@ -21,7 +21,6 @@
 # Permit and BreakerEvent in _permit.py; the rest stays here as one machine.
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import random
@@ -34,7 +33,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen, ConfigError
-from .._scope import AsyncScope, Scope
+from .._scope import AsyncScope, Scope, wrapped
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
 from ..stores._memory import MemoryStore
@@ -410,20 +409,10 @@ class CircuitBreaker(Scope, AsyncScope):
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - an object with async __call__
         ):
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await self.acall(fn, *args, **kwargs)
-
-            return async_wrapper
+            return wrapped(fn, self.call, self.acall)
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             raise TypeError("a circuit breaker cannot protect a generator; wrap its consumer")
-
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+        return wrapped(fn, self.call, None)
 
     def _enter(self) -> None:
         _CM_PERMITS.set((*_CM_PERMITS.get(), (self, self.acquire())))

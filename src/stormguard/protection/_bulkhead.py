@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import math
 import threading
@@ -21,7 +20,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import BulkheadFull, ConfigError
-from .._scope import AsyncScope, Scope
+from .._scope import AsyncScope, Scope, wrapped
 
 __all__ = ["Bulkhead"]
 
@@ -109,19 +108,35 @@ class Bulkhead(Scope, AsyncScope):
     def _wait_for(self, max_wait: float | None) -> float:
         return self.max_wait if max_wait is None else max(0.0, min(self.max_wait, max_wait))
 
+    def _queue(self, max_wait: float, waiter: Callable[[], _Waiter]) -> _Waiter | None:
+        # A free slot: taken, None. Else a new waiter in the queue, or BulkheadFull at once
+        # when the caller will not wait.
+        with self._lock:
+            if self._try_take():
+                return None
+            if max_wait <= 0:
+                raise BulkheadFull(self.limit, 0.0)
+            queued = waiter()
+            self._waiters.append(queued)
+            return queued
+
+    def _settle(self, waiter: _Waiter, start: float) -> None:
+        # The wait is over: return if the waiter was granted a slot, else leave the queue.
+        with self._lock:
+            if waiter.granted:
+                return
+            self._waiters.remove(waiter)
+        raise BulkheadFull(self.limit, self._clock.monotonic() - start)
+
     def acquire(self, max_wait: float | None = None) -> None:
         """Take a slot, waiting up to the bulkhead's ``max_wait`` (or this one if shorter).
 
         Raises :class:`stormguard.BulkheadFull` when no slot frees up in time.
         """
         max_wait = self._wait_for(max_wait)
-        with self._lock:
-            if self._try_take():
-                return
-            if max_wait <= 0:
-                raise BulkheadFull(self.limit, 0.0)
-            waiter = _Waiter(event=threading.Event())
-            self._waiters.append(waiter)
+        waiter = self._queue(max_wait, lambda: _Waiter(event=threading.Event()))
+        if waiter is None:
+            return
         start = self._clock.monotonic()
         assert waiter.event is not None
         left = max_wait
@@ -129,23 +144,15 @@ class Bulkhead(Scope, AsyncScope):
             left = start + max_wait - self._clock.monotonic()
             if left <= 0:
                 break
-        with self._lock:
-            if waiter.granted:
-                return
-            self._waiters.remove(waiter)
-        raise BulkheadFull(self.limit, self._clock.monotonic() - start)
+        self._settle(waiter, start)
 
     async def aacquire(self, max_wait: float | None = None) -> None:
         """Async twin of :meth:`acquire`."""
         max_wait = self._wait_for(max_wait)
-        with self._lock:
-            if self._try_take():
-                return
-            if max_wait <= 0:
-                raise BulkheadFull(self.limit, 0.0)
-            loop = asyncio.get_running_loop()
-            waiter = _Waiter(loop=loop, future=loop.create_future())
-            self._waiters.append(waiter)
+        loop = asyncio.get_running_loop()
+        waiter = self._queue(max_wait, lambda: _Waiter(loop=loop, future=loop.create_future()))
+        if waiter is None:
+            return
         start = self._clock.monotonic()
         assert waiter.future is not None
         try:
@@ -164,11 +171,7 @@ class Bulkhead(Scope, AsyncScope):
             if granted:
                 self.release()
             raise
-        with self._lock:
-            if waiter.granted:
-                return
-            self._waiters.remove(waiter)
-        raise BulkheadFull(self.limit, self._clock.monotonic() - start)
+        self._settle(waiter, start)
 
     def release(self) -> None:
         """Give a slot back (to the first waiter, if any)."""
@@ -227,16 +230,4 @@ class Bulkhead(Scope, AsyncScope):
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         """Decorate a sync or async function: every call holds a slot."""
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await self.acall(fn, *args, **kwargs)
-
-            return async_wrapper
-
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return self.call(fn, *args, **kwargs)
-
-        return wrapper
+        return wrapped(fn, self.call, self.acall if inspect.iscoroutinefunction(fn) else None)
