@@ -57,17 +57,12 @@ Step: TypeAlias = tuple[State, "Decision"]
 def _seconds(name: str, value: object) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(name, f"must be a number of seconds or a timedelta, got {value!r}")
-    seconds = float(value)
-    if not (0 < seconds < math.inf):
-        raise ConfigError(name, f"must be > 0 and finite, got {value!r}")
-    return seconds
+    return _positive(name, value, "a number of seconds or a timedelta")
 
 
-def _positive(name: str, value: object) -> float:
+def _positive(name: str, value: object, kind: str = "a number") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(name, f"must be a number, got {value!r}")
+        raise ConfigError(name, f"must be {kind}, got {value!r}")
     number = float(value)
     if not (0 < number < math.inf):
         raise ConfigError(name, f"must be > 0 and finite, got {value!r}")
