@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import MissingExtra
 
@@ -40,6 +40,7 @@ from ._server import MockServer
 __all__ = ["DemoResult", "demo_command", "demo_scenario", "run_demo"]
 
 PATH = "/v1/payments"
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 # How the API refuses past its limit: Stripe's 429 + Retry-After, or GitHub's primary
@@ -288,29 +289,18 @@ def _alert(count: int) -> str:
     return f"[bold red]{count:,}[/]" if count else "[green]0[/]"
 
 
+def _count_option(flag: str, default: int, most: int, help: str) -> Callable[[_F], _F]:
+    # A whole number from 1 to `most`, its default shown in --help.
+    return click.option(
+        flag, default=default, show_default=True, type=click.IntRange(1, most), help=help
+    )
+
+
 @click.command(name="demo")
-@click.option(
-    "--payments",
-    default=300,
-    show_default=True,
-    type=click.IntRange(1, 100_000),
-    help="Payments in the workload.",
-)
-@click.option(
-    "--clients",
-    default=30,
-    show_default=True,
-    type=click.IntRange(1, 1000),
-    help="Concurrent clients.",
-)
+@_count_option("--payments", 300, 100_000, "Payments in the workload.")
+@_count_option("--clients", 30, 1000, "Concurrent clients.")
 @click.option("--seed", default=7, show_default=True, help="Seed of the mock's faults.")
-@click.option(
-    "--rate-limit",
-    default=150,
-    show_default=True,
-    type=click.IntRange(1, 10**9),
-    help="The API's global limit, requests per second.",
-)
+@_count_option("--rate-limit", 150, 10**9, "The API's global limit, requests per second.")
 @click.option(
     "--limit-style",
     type=click.Choice(sorted(LIMIT_STYLES)),
