@@ -8,11 +8,13 @@ protocol's signatures, so the typed ``__exit__(exc_type, exc, tb)`` boilerplate 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, Self
+from typing import Any, ParamSpec, Self, TypeVar, overload
 
 P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class Scope:
@@ -85,3 +87,33 @@ def wrapped(
         return run(fn, *args, **kwargs)
 
     return wrapper
+
+
+class Decorator:
+    """``@obj`` on a function: each call goes through ``obj.call``, or ``await obj.acall``."""
+
+    __slots__ = ()
+
+    def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` under the guard."""
+        raise NotImplementedError
+
+    async def acall(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Await ``fn(*args, **kwargs)`` under the guard."""
+        raise NotImplementedError
+
+    def _is_async(self, fn: Callable[..., Any]) -> bool:
+        # Whether to decorate `fn` with `acall`; may raise for what cannot be guarded.
+        return inspect.iscoroutinefunction(fn)
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, T]]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate a sync or async function: every call goes through the guard."""
+        return wrapped(fn, self.call, self.acall if self._is_async(fn) else None)

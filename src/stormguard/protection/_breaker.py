@@ -26,14 +26,14 @@ import math
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from types import CoroutineType
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen, ConfigError
-from .._scope import AsyncScope, Scope, wrapped
+from .._scope import AsyncScope, Decorator, Scope
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
 from ..stores._memory import MemoryStore
@@ -59,7 +59,7 @@ _CM_PERMITS: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
 )
 
 
-class CircuitBreaker(Scope, AsyncScope):
+class CircuitBreaker(Scope, AsyncScope, Decorator):
     """Closed / open / half-open circuit breaker, thread- and asyncio-safe.
 
     Opens when, within the last ``window`` seconds (or calls, with
@@ -396,23 +396,14 @@ class CircuitBreaker(Scope, AsyncScope):
         await permit.arecord(failure=False)
         return result
 
-    @overload
-    def __call__(
-        self, fn: Callable[P, Coroutine[Any, Any, T]]
-    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
-
-    @overload
-    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
-
-    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        """Decorate a sync or async function: every call goes through the breaker."""
+    def _is_async(self, fn: Callable[..., Any]) -> bool:
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - an object with async __call__
         ):
-            return wrapped(fn, self.call, self.acall)
+            return True
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             raise TypeError("a circuit breaker cannot protect a generator; wrap its consumer")
-        return wrapped(fn, self.call, None)
+        return False
 
     def _enter(self) -> None:
         _CM_PERMITS.set((*_CM_PERMITS.get(), (self, self.acquire())))

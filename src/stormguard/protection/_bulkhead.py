@@ -11,16 +11,15 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import BulkheadFull, ConfigError
-from .._scope import AsyncScope, Scope, wrapped
+from .._scope import AsyncScope, Decorator, Scope
 
 __all__ = ["Bulkhead"]
 
@@ -49,7 +48,7 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Bulkhead(Scope, AsyncScope):
+class Bulkhead(Scope, AsyncScope, Decorator):
     """At most ``limit`` calls at once; a caller waits up to ``max_wait`` seconds.
 
     Sync and async callers share the same slots. When no slot frees up within
@@ -219,15 +218,3 @@ class Bulkhead(Scope, AsyncScope):
             return await fn(*args, **kwargs)
         finally:
             self.release()
-
-    @overload
-    def __call__(
-        self, fn: Callable[P, Coroutine[Any, Any, T]]
-    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
-
-    @overload
-    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
-
-    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        """Decorate a sync or async function: every call holds a slot."""
-        return wrapped(fn, self.call, self.acall if inspect.iscoroutinefunction(fn) else None)
