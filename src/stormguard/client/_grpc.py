@@ -174,9 +174,7 @@ class _Base:
             self._generation = registry.generation
         return guard
 
-    def _begin(
-        self, details: Any
-    ) -> tuple[Run, list[tuple[str, Any]], bool, OriginGuard | None]:
+    def _begin(self, details: Any) -> tuple[Run, list[tuple[str, Any]], bool, OriginGuard | None]:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         metadata = list(details.metadata or ())
         has_key = any(name.lower() == _KEY for name, _ in metadata)
