@@ -237,6 +237,15 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     ``Answer`` (``.code``, ``.details``, ``.trailing_metadata``) and returns True,
     False or None (the table decides). When the call stops the last outcome is returned as gRPC
     would have returned it.
+
+    ``cooldown`` (default on; ``False`` turns it off, or a mapping of
+    :class:`stormguard.Cooldown` settings): an ``UNAVAILABLE`` or
+    ``RESOURCE_EXHAUSTED`` answer with a wait hint pauses the target, and calls to
+    it wait out the pause or raise :class:`stormguard.RateLimited` when it is
+    longer than they may wait. ``target`` names the channel target (the pause is
+    shared by every interceptor naming it through the same guards: the process-wide
+    ones by default, or ``guards=``); without it the pause covers this
+    interceptor's calls only.
     """
 
     def intercept_unary_unary(
