@@ -406,7 +406,7 @@ def test_trusted_proxy_forwarded_for(upstream_factory: Factory, gateway_factory:
         limits=["pc"],
         extra={
             "clients": {"key": ["ip"], "trusted_proxies": ["127.0.0.0/8"]},
-            "limits": {"pc": {"algorithm": "fixed_window", "limit": 1, "window": 60}},
+            "limits": {"pc": {"algorithm": "token_bucket", "rate": 0.001, "burst": 1}},
         },
     )
     first = httpx.get(f"{gw.url}/echo", headers={"X-Forwarded-For": "198.51.100.7"})

@@ -15,6 +15,14 @@
 # "do not retry"; or `retry-after` in seconds), else the backoff draw. Each
 # attempt's timeout is cut to the time left before the policy's deadline.
 # Streaming calls are not intercepted: a stream cannot be replayed safely.
+#
+# Per-target cooldown (as the HTTP adapters' per-origin one): an UNAVAILABLE or
+# RESOURCE_EXHAUSTED answer with a wait hint pauses the target, and every call to
+# it -- through this interceptor, or any interceptor naming the same `target` and
+# sharing the guards (by default the process-wide ones) -- waits out the pause
+# before it is sent, or fails fast with stormguard.RateLimited when the pause is
+# longer than the time it has left. An answer carrying `grpc-retry-pushback-ms`
+# is a refusal: it never counts as a failure for a circuit breaker.
 from __future__ import annotations
 
 import math
@@ -29,6 +37,7 @@ from .._clock import Clock
 from ..core._engine import Outcome
 from ..core._headers import parse_retry_after
 from ..core._policy import RetryFailure, RetryPolicy
+from ..protection._origin import OriginGuard, OriginGuards, Setting, process_guards
 from ._driver import Engine, RetryHook, Run
 from ._front import with_retry_if
 from ._http import new_idempotency_key
@@ -47,6 +56,8 @@ _SERVER_FAULTS = frozenset(
         grpc.StatusCode.DATA_LOSS,
     }
 )
+# Codes whose wait hint pauses the target (gRPC's 503 and 429).
+_COOLDOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _KEY = "idempotency-key"
 _PUSHBACK = "grpc-retry-pushback-ms"
 
@@ -92,6 +103,11 @@ def _pushback(
     return False, None
 
 
+def _pushed_back(trailers: Iterable[tuple[str, Any]] | None) -> bool:
+    """Whether the answer carries a pushback trailer (a refusal, not a server fault)."""
+    return any(name.lower() == _PUSHBACK for name, _ in trailers or ())
+
+
 class _Base:
     """What both interceptors share: configuration and the per-attempt judgement."""
 
@@ -106,6 +122,9 @@ class _Base:
         on_retry: RetryHook | Sequence[RetryHook] = (),
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        cooldown: Setting = True,
+        target: str | None = None,
+        guards: OriginGuards | None = None,
     ) -> None:
         self.policy = with_retry_if(policy, retry_if)
         if isinstance(idempotent, bool):
@@ -122,16 +141,59 @@ class _Base:
         self.engine = Engine(clock=clock, rng=rng, hooks=self.hooks)
         self.clock = self.engine.clock
         self.rng = rng
+        # The cooldown's key: the target named, else this interceptor's own calls.
+        self.target = f"grpc://{target.lower()}" if target else f"grpc://interceptor-{id(self):x}"
+        self._guard: OriginGuard | None = None
+        # Only the cooldown of the per-origin guards is used (the breaker and budget
+        # come through the policy). With every default: the process-wide set, as HTTP.
+        self._guards: OriginGuards | None = None
+        self._generation = -1
+        if guards is not None:
+            self._guards = guards
+        elif cooldown is True and clock is None and rng is None:
+            self._guards = process_guards()
+        elif cooldown is not False and cooldown is not None:
+            self._guards = OriginGuards(
+                breaker=False,
+                budget=False,
+                bulkhead=False,
+                cooldown=cooldown,
+                pacing=False,
+                clock=clock,
+                rng=rng,
+            )
 
-    def _begin(self, details: Any) -> tuple[Run, list[tuple[str, Any]], bool]:
+    def _target_guard(self) -> OriginGuard | None:
+        """This interceptor's target's guard (asked again after a registry reset)."""
+        registry = self._guards
+        if registry is None:
+            return None
+        guard = self._guard
+        if guard is None or self._generation != registry.generation:
+            guard = self._guard = registry.get(self.target)
+            self._generation = registry.generation
+        return guard
+
+    def _begin(self, details: Any) -> tuple[Run, list[tuple[str, Any]], bool, OriginGuard | None]:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         metadata = list(details.metadata or ())
         has_key = any(name.lower() == _KEY for name, _ in metadata)
         if self.idempotency_keys and not has_key:
             metadata.append((_KEY, new_idempotency_key()))
             has_key = True
-        run = self.engine.start(self.policy, target=f"gRPC {method}")
-        return run, metadata, has_key or self._idempotent(method)
+        guard = self._target_guard()
+        pace = None if guard is None else (guard.wait_before, guard.await_before)
+        run = self.engine.start(self.policy, target=f"gRPC {method}", pace=pace)
+        return run, metadata, has_key or self._idempotent(method), guard
+
+    @staticmethod
+    def _pause(outcome: Outcome, code: grpc.StatusCode) -> float | None:
+        """The wait by which this answer pauses the target (None: it does not)."""
+        failure = outcome.failure
+        if failure is None or code not in _COOLDOWN_CODES:
+            return None
+        hint = failure.hint
+        return hint if hint is not None and hint > 0 else None
 
     @staticmethod
     def _timeout(details: Any, run: Run) -> float | None:
@@ -157,7 +219,8 @@ class _Base:
             repeat_unsafe=not (safe or refused),
             subject=Answer(code, details, tuple(trailers or ())),
         )
-        return Outcome(failure, code in _SERVER_FAULTS, outcome)
+        fault = code in _SERVER_FAULTS and not _pushed_back(trailers)
+        return Outcome(failure, fault, outcome)
 
 
 class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
@@ -174,12 +237,21 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     ``Answer`` (``.code``, ``.details``, ``.trailing_metadata``) and returns True,
     False or None (the table decides). When the call stops the last outcome is returned as gRPC
     would have returned it.
+
+    ``cooldown`` (default on; ``False`` turns it off, or a mapping of
+    :class:`stormguard.Cooldown` settings): an ``UNAVAILABLE`` or
+    ``RESOURCE_EXHAUSTED`` answer with a wait hint pauses the target, and calls to
+    it wait out the pause or raise :class:`stormguard.RateLimited` when it is
+    longer than they may wait. ``target`` names the channel target (the pause is
+    shared by every interceptor naming it through the same guards: the process-wide
+    ones by default, or ``guards=``); without it the pause covers this
+    interceptor's calls only.
     """
 
     def intercept_unary_unary(
         self, continuation: Any, client_call_details: Any, request: Any
     ) -> Any:
-        run, metadata, safe = self._begin(client_call_details)
+        run, metadata, safe, guard = self._begin(client_call_details)
         d = client_call_details
 
         def send() -> Outcome:
@@ -194,7 +266,12 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
             outcome = continuation(details, request)
             code = outcome.code()
             trailers = outcome.trailing_metadata()
-            return self._judge(outcome, code, trailers, outcome.details(), safe)
+            judged = self._judge(outcome, code, trailers, outcome.details(), safe)
+            pause = None if guard is None else self._pause(judged, code)
+            if pause is not None:
+                assert guard is not None
+                guard.observe(503, (), pause)
+            return judged
 
         return run.run(send).result()
 
@@ -209,7 +286,7 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
     async def intercept_unary_unary(
         self, continuation: Any, client_call_details: Any, request: Any
     ) -> Any:
-        run, metadata, safe = self._begin(client_call_details)
+        run, metadata, safe, guard = self._begin(client_call_details)
         d = client_call_details
 
         async def asend() -> Outcome:
@@ -219,6 +296,11 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
             outcome = await continuation(details, request)
             code = await outcome.code()
             trailers = await outcome.trailing_metadata()
-            return self._judge(outcome, code, trailers, await outcome.details(), safe)
+            judged = self._judge(outcome, code, trailers, await outcome.details(), safe)
+            pause = None if guard is None else self._pause(judged, code)
+            if pause is not None:
+                assert guard is not None
+                await guard.aobserve(503, (), pause)
+            return judged
 
         return (await run.arun(asend)).result()
