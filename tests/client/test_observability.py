@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import random
+
 import httpx
 import pytest
 import requests
 from http_support import ScriptedServer, Step
 
-from stormguard import ConfigError, GiveUpReason, RetryError, RetryPolicy, RetryRecord, retry
+from stormguard import (
+    ConfigError,
+    GiveUpReason,
+    RateLimited,
+    RetryError,
+    RetryPolicy,
+    RetryRecord,
+    retry,
+)
 from stormguard.httpx import RetryTransport
+from stormguard.protection import Cooldown, OriginGuard, Pacer
 from stormguard.requests import RetryAdapter
 from stormguard.testing import FakeClock
 
@@ -115,3 +127,78 @@ def test_body_excerpt_size_is_configurable(
         assert body is None
     else:
         assert body is not None and body.startswith(expected) and "bytes in all" in body
+
+
+ORIGIN = "https://api.example"
+
+
+def guard_with(clock: FakeClock) -> OriginGuard:
+    """An origin guard with only a cooldown and pacing, on the fake clock."""
+    return OriginGuard(
+        ORIGIN,
+        breaker=None,
+        budget=None,
+        bulkhead=None,
+        cooldown=Cooldown(clock=clock),
+        pacer=Pacer(clock=clock),
+        clock=clock,
+        rng=random.Random(7),
+    )
+
+
+def told(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    """The INFO records of the stormguard logger for ``event``."""
+    return [
+        record
+        for record in caplog.records
+        if record.levelno == logging.INFO
+        and getattr(record, "stormguard", {}).get("event") == event
+    ]
+
+
+def test_a_cooldown_says_so_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:
+    """Three delayed requests, one line; after the pause ends, a new pause, a new line."""
+    caplog.set_level(logging.INFO, logger="stormguard")
+    clock = FakeClock()
+    guard = guard_with(clock)
+    guard.observe(429, [("Retry-After", "10")])
+    waits = [guard.wait_before(60.0) for _ in range(3)]
+    assert all(wait >= 10.0 for wait in waits)
+    clock.advance(20)
+    assert guard.wait_before(60.0) == 0.0
+    guard.observe(429, [("Retry-After", "5")])
+    guard.wait_before(60.0)
+    lines = told(caplog, "cooldown")
+    assert len(lines) == 2
+    assert ORIGIN in lines[0].getMessage() and "10.000s" in lines[0].getMessage()
+    assert lines[0].stormguard["wait"] == 10.0 and lines[0].stormguard["refused"] is False
+
+
+def test_a_cooldown_refusal_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Requests refused by a day-long pause (capped at max_pause): one line marked refused."""
+    caplog.set_level(logging.INFO, logger="stormguard")
+    guard = guard_with(FakeClock())
+    guard.observe(429, [("Retry-After", "86400")])
+    for _ in range(3):
+        with pytest.raises(RateLimited):
+            guard.wait_before(60.0)
+    (line,) = told(caplog, "cooldown")
+    assert line.stormguard["refused"] is True and "3600.000s" in line.getMessage()
+
+
+def test_pacing_says_so_once_with_the_quota(caplog: pytest.LogCaptureFixture) -> None:
+    """A nearly spent GitHub quota paces requests: one line naming the quota and the wait."""
+    caplog.set_level(logging.INFO, logger="stormguard")
+    clock = FakeClock()
+    guard = guard_with(clock)
+    headers = [
+        ("x-ratelimit-limit", "5000"),
+        ("x-ratelimit-remaining", "10"),
+        ("x-ratelimit-reset", str(int(clock.time()) + 100)),
+        ("x-ratelimit-resource", "core"),
+    ]
+    guard.observe(200, headers)
+    waits = [guard.wait_before(60.0) for _ in range(4)]
+    assert waits[-1] > 0
+    (line,) = told(caplog, "pacing")
+    assert "core" in line.getMessage() and line.stormguard["quotas"] == ["core"]
