@@ -21,6 +21,8 @@ class Step:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b"ok"
     delay: float = 0.0
+    # Send only this many bytes of the body (Content-Length still says all), then hang up.
+    cut_body_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,12 @@ class ScriptedServer:
                         self.send_header(name, value)
                     self.send_header("Content-Length", str(len(step.body)))
                     self.end_headers()
-                    self.wfile.write(step.body)
+                    if step.cut_body_at is None:
+                        self.wfile.write(step.body)
+                    else:
+                        self.wfile.write(step.body[: step.cut_body_at])
+                        self.wfile.flush()
+                        self.close_connection = True
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 

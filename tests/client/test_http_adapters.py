@@ -545,3 +545,24 @@ def test_credentials_never_reach_a_record(
         repr(r) for r in result.records
     ]
     assert texts and not any("secret" in text for text in texts)
+
+
+def test_a_body_cut_off_mid_read_is_retried_as_a_read_failure(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """A 503 whose body breaks off mid-read fails as a read error: a GET is retried."""
+    server.script(Step(503, body=b"x" * 200, cut_body_at=10), Step(200))
+    clock = FakeClock()
+    result = send(server.url, policy=RetryPolicy(attempts=2), clock=clock)
+    assert (result.status, result.error) == (200, None)
+    assert len(server.received) == 2
+
+
+def test_a_body_cut_off_on_the_last_attempt_raises_the_read_error(
+    server: ScriptedServer, send: Sender
+) -> None:
+    """The last attempt's broken body surfaces as the client library's own error."""
+    server.script(Step(503, body=b"x" * 200, cut_body_at=10))
+    result = send(server.url, policy=RetryPolicy(attempts=1), clock=FakeClock())
+    assert result.status is None
+    assert result.error is not None

@@ -5,7 +5,6 @@
 # `send` functions below only make one attempt and translate it (client/_front.py).
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -255,8 +254,13 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             if status < 400 and not (observes and self.names_quota(response.headers)):
                 return _success(response)
             if _wants_body(response):
-                with contextlib.suppress(httpx.HTTPError):
+                try:
                     response.read()
+                except httpx.HTTPError as exc:
+                    # The body broke off (often: the deadline cut the read). A half-read
+                    # response cannot be handed back, so the attempt failed as its read.
+                    response.close()
+                    return call.error(_failure_kind(exc), exc)
             return call.observed(response, status, response.headers, _body(response))
 
         response: httpx.Response = first_attempt(call, with_bulkhead(call, send))
@@ -277,8 +281,13 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             if status < 400 and not (observes and self.names_quota(response.headers)):
                 return _success(response)
             if _wants_body(response):
-                with contextlib.suppress(httpx.HTTPError):
+                try:
                     await response.aread()
+                except httpx.HTTPError as exc:
+                    # The body broke off (often: the deadline cut the read). A half-read
+                    # response cannot be handed back, so the attempt failed as its read.
+                    await response.aclose()
+                    return call.error(_failure_kind(exc), exc)
             return await call.aobserved(response, status, response.headers, _body(response))
 
         response: httpx.Response = await afirst_attempt(call, awith_bulkhead(call, asend))

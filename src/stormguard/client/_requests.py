@@ -133,7 +133,12 @@ class RetryAdapter(HttpFront, HTTPAdapter):
             small = status >= 400 and body_worth_reading(
                 status, response.headers.get("content-length")
             )
-            body = response.content if small else None
+            try:
+                body = response.content if small else None
+            except requests.RequestException as exc:
+                # The body broke off mid-read: the attempt failed as its read did.
+                response.close()
+                return call.error(_failure_kind(exc), exc)
             return call.observed(response, status, response.headers, body)
 
         result: requests.Response = first_attempt(call, with_bulkhead(call, send_once))
