@@ -16,6 +16,7 @@ BENCHMARKS = {
     "limiters": "bench.bench_limiters",
     "sim": "bench.bench_sim",
     "fuzz_headers": "bench.fuzz_headers",
+    "fuzz_scenarios": "bench.fuzz_scenarios",
     "server": "bench.bench_server",
     "gateway": "bench.bench_gateway",
     "gateway-grpc": "bench.bench_gateway_grpc",

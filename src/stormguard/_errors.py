@@ -20,7 +20,10 @@ raises is never wrapped except by :class:`RetryError`, which keeps it as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core._ratelimit_headers import Quota
 
 __all__ = [
     "BulkheadFull",
@@ -67,6 +70,13 @@ class RetryError(StormguardError):
     the last attempt (``None`` when the last attempt returned a value judged a
     failure, kept in ``last_result``). ``hint`` is the server-advised wait in seconds
     when one was seen.
+
+    When the last attempt failed with an HTTP response (a 429 or 503 whose small
+    body was read, e.g. an ``httpx.HTTPStatusError`` raised by
+    ``raise_for_status()``), ``response_body`` is an excerpt of that body, where
+    APIs say which limit was hit (decoded leniently, at most 4096 characters plus
+    a cut marker), and ``quota`` the :class:`stormguard.Quota` its rate-limit
+    headers said was used up; both are ``None`` otherwise.
     """
 
     def __init__(
@@ -77,8 +87,12 @@ class RetryError(StormguardError):
         last_exception: BaseException | None = None,
         last_result: Any = None,
         hint: float | None = None,
+        response_body: str | None = None,
+        quota: Quota | None = None,
     ) -> None:
         self.reason = reason
+        self.response_body = response_body
+        self.quota = quota
         self.attempts = attempts
         self.last_exception = last_exception
         self.last_result = last_result

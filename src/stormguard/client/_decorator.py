@@ -18,7 +18,8 @@ from .._errors import ConfigError, RetryError
 from ..core._backoff import Backoff
 from ..core._engine import Finish, Outcome
 from ..core._policy import RetryFailure, RetryPolicy
-from ._driver import Engine, RetryHook
+from ._driver import Detail, Engine, RetryHook
+from ._front import excerpt, exhausted_quota
 from ._http import BODY_HINT_STATUSES, response_failure
 
 __all__ = ["retry"]
@@ -76,9 +77,12 @@ class _Judge:
         if status is None:
             hint = _explicit_hint(exc)
             return Outcome(RetryFailure(True, reason, hint, subject=exc), True, None, exc)
-        return Outcome(self._status_failure(exc, status, reason), status >= 500, None, exc)
+        failure, detail = self._status_failure(exc, status, reason)
+        return Outcome(failure, status >= 500, None, exc, detail)
 
-    def _status_failure(self, exc: BaseException, status: int, reason: str) -> RetryFailure:
+    def _status_failure(
+        self, exc: BaseException, status: int, reason: str
+    ) -> tuple[RetryFailure, Detail | None]:
         # An exception carrying an HTTP response (httpx's HTTPStatusError, requests'
         # HTTPError) is judged like the response itself, by the shared HTTP table.
         request_headers = _headers_of(exc)
@@ -86,13 +90,13 @@ class _Judge:
             k.lower() for k in request_headers
         }
         explicit = _explicit_hint(exc)
-        judged = None
+        judged, detail = None, None
         try:
-            judged = _response_judgement(exc, status, self._policy, has_key, self._clock)
+            judged, detail = _response_judgement(exc, status, self._policy, has_key, self._clock)
         except Exception:  # a hostile response object must not break retrying
             pass
         if judged is None:
-            return RetryFailure(False, reason, explicit, subject=exc)
+            return RetryFailure(False, reason, explicit, subject=exc), detail
         hint = explicit if explicit is not None else judged.hint
         return RetryFailure(
             judged.retryable,
@@ -101,7 +105,7 @@ class _Judge:
             should_retry=judged.should_retry,
             repeat_unsafe=judged.repeat_unsafe,
             subject=exc,
-        )
+        ), detail
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -132,7 +136,8 @@ def _explicit_hint(exc: BaseException) -> float | None:
 
 def _response_judgement(
     exc: BaseException, status: int, policy: RetryPolicy, has_key: bool, clock: Clock
-) -> RetryFailure | None:
+) -> tuple[RetryFailure | None, Detail]:
+    # The judgement and what the log and RetryError tell of the response.
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
     pairs = list(headers.items()) if headers is not None else []
@@ -141,16 +146,18 @@ def _response_judgement(
         content = getattr(response, "content", None)  # only bodies already read
         if isinstance(content, bytes | str):
             body = content.encode() if isinstance(content, str) else content
-    return response_failure(
+    wall_now = clock.time()
+    failure = response_failure(
         policy,
         status,
         pairs,
         method=(_method_of(exc) or "GET").upper(),
         has_key=has_key,
-        wall_now=clock.time(),
+        wall_now=wall_now,
         body=body,
         content_type=headers.get("content-type") if headers is not None else None,
     )
+    return failure, Detail(excerpt(body), exhausted_quota(pairs, wall_now))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +204,15 @@ def conclude(finish: Finish, policy: RetryPolicy) -> Any:
     last = finish.outcome.error
     if policy.reraise and last is not None:
         raise last
+    detail = finish.outcome.detail
+    body, quota = detail if isinstance(detail, Detail) else (None, None)
     raise RetryError(
-        give_up.reason, attempts=finish.attempts, last_exception=last, hint=give_up.hint
+        give_up.reason,
+        attempts=finish.attempts,
+        last_exception=last,
+        hint=give_up.hint,
+        response_body=body,
+        quota=quota,
     ) from (finish.refusal or last)
 
 

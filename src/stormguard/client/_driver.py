@@ -41,6 +41,7 @@ from ..core._engine import (
 )
 from ..core._policy import GiveUp, Retry, RetryPolicy
 from ..core._ratelimit_headers import Quota
+from . import _otel
 
 __all__ = ["Detail", "Engine", "RetryHook", "RetryRecord", "Run", "describe_quota", "logger"]
 
@@ -173,15 +174,19 @@ class Engine:
                 _detail_text(detail),
                 extra={"stormguard": fields, "stormguard_retry": record},
             )
+        _otel.retried(record.attempt, record.wait, record.reason, failure.subject, record.target)
         for hook in self.hooks:
             hook(record)
 
     def gave_up(self, notice: Notice, target: Target) -> None:
-        """Log, once per call, at WARNING, that a call gave up and why."""
-        if not logger.isEnabledFor(logging.WARNING):
-            return
+        """Log, once per call, at WARNING, that a call gave up and why (and mark
+        the current OpenTelemetry span failed)."""
         give_up, failure = notice.retry, notice.failure
         assert isinstance(give_up, GiveUp)
+        subject = None if failure is None else failure.subject
+        _otel.gave_up(notice.attempt, str(give_up.reason), subject)
+        if not logger.isEnabledFor(logging.WARNING):
+            return
         fields = {
             "event": "give_up",
             "target": target if isinstance(target, str) else target(),

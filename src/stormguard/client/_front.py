@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._errors import BulkheadFull
+from .._errors import BulkheadFull, ConfigError
+from ..core._body_hints import MAX_BODY
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
@@ -60,7 +61,7 @@ BODY_EXCERPT = 4096
 
 def excerpt(body: bytes | None, limit: int = BODY_EXCERPT) -> str | None:
     """A failed response's body for the log: decoded leniently, cut past ``limit``."""
-    if not body:
+    if not body or limit <= 0:
         return None
     text = body[: limit * 4].decode("utf-8", errors="replace")
     if len(text) > limit or len(body) > limit * 4:
@@ -87,6 +88,7 @@ class HttpFront:
 
     policy: RetryPolicy
     idempotency_keys: bool
+    body_excerpt: int
     hooks: tuple[RetryHook, ...]
     clock: Clock
     rng: random.Random | None
@@ -117,6 +119,16 @@ class HttpFront:
         rng: random.Random | None = keywords["rng"]
         self.policy = with_retry_if(policy, keywords["retry_if"])
         self.idempotency_keys = bool(keywords["idempotency_keys"])
+        body_excerpt = keywords["body_excerpt"]
+        if (
+            not isinstance(body_excerpt, int)
+            or isinstance(body_excerpt, bool)
+            or not 0 <= body_excerpt <= MAX_BODY
+        ):
+            raise ConfigError(
+                "body_excerpt", f"must be an int in [0, {MAX_BODY}], got {body_excerpt!r}"
+            )
+        self.body_excerpt = body_excerpt
         self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
         self.monotonic = self.clock.monotonic
@@ -350,7 +362,7 @@ class HttpCall:
             observation = (status, observation[1], failure.hint)
         if not self.replayable:
             failure = one_shot(failure)
-        detail = Detail(excerpt(body), exhausted_quota(pairs, wall_now))
+        detail = Detail(excerpt(body, front.body_excerpt), exhausted_quota(pairs, wall_now))
         return Outcome(failure, status >= 500, response, None, detail), observation
 
     def observed(self, response: Any, status: int, headers: Any, body: bytes | None) -> Outcome:

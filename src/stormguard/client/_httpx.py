@@ -129,6 +129,9 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     call stops, the last response is returned as it is (its status tells the
     caller what happened); the last transport error is raised as it is.
     ``on_retry`` hooks receive a :class:`stormguard.RetryRecord` per retry.
+    ``body_excerpt`` is how many characters of a failed 429/503 response's body
+    (where APIs name the limit hit) the retry records and log lines carry
+    (default 4096; longer bodies are cut with a marker; 0 leaves bodies out).
 
     Per-origin protection, each on by default and off with ``False`` (or given a
     mapping of settings, or a ready object to share): ``breaker`` (a
@@ -156,6 +159,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         retry_if: Callable[[Any], bool | None] | None = None,
         idempotency_keys: bool = False,
         on_retry: RetryHook | Sequence[RetryHook] = (),
+        body_excerpt: int = 4096,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         breaker: Any = True,

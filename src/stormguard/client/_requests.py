@@ -57,7 +57,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
 
     Same rules and keywords as :class:`stormguard.httpx.RetryTransport`; the
     remaining ``HTTPAdapter`` keywords (``pool_connections``, ``pool_maxsize``…)
-    are passed through. ``max_retries`` is fixed at 0: stormguard decides.
+    are passed through (``body_excerpt`` too). ``max_retries`` is fixed at 0: stormguard decides.
     Per-origin protection takes the same keywords (``breaker``, ``budget``,
     ``bulkhead``, ``cooldown``, ``pacing``, ``store``, ``guards``), each on by
     default and off with ``False``.
@@ -70,6 +70,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         retry_if: Callable[[Any], bool | None] | None = None,
         idempotency_keys: bool = False,
         on_retry: RetryHook | Sequence[RetryHook] = (),
+        body_excerpt: int = 4096,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         breaker: Any = True,

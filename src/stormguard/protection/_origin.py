@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import re
 import threading
@@ -48,6 +49,7 @@ _MAX_ORIGINS = 1024
 _EVICTION_SCAN = 16  # least recently used guards looked at per new origin
 _AUTHORITY_END = re.compile(r"[/?#\\]")
 _RNG = random.Random()
+_log = logging.getLogger("stormguard")
 _DEFAULT_BULKHEAD = {"limit": 100, "max_wait": 60.0}
 # The adapters' per-origin breaker: "a blip must not become an outage".
 #
@@ -112,6 +114,7 @@ class OriginGuard:
     __slots__ = (
         "_clock",
         "_cooldown",
+        "_episode",
         "_pacer",
         "_policy_cache",
         "_rng",
@@ -142,6 +145,9 @@ class OriginGuard:
         self._cooldown = cooldown
         self._pacer = pacer
         self._policy_cache: tuple[Any, Any] | None = None
+        # The kind of delay ("cooldown", "pacing") told in the log since the
+        # origin last let a request through at once: one INFO line per episode.
+        self._episode: str | None = None
 
     @property
     def paced(self) -> bool:
@@ -202,8 +208,10 @@ class OriginGuard:
 
     def _pace(self, wait: float, limit: float) -> float:
         if wait > limit:
+            self._tell("cooldown", wait, refused=True)
             raise RateLimited(wait, f"{self.origin} is cooling down for {wait:.3f}s")
         if wait:
+            self._tell("cooldown", wait, refused=False)
             # Everyone paused by one hint would wake at the same instant: spread the
             # resumption over the last quarter-again of the pause (a herd that
             # starts together fails together), without passing the limit.
@@ -211,9 +219,47 @@ class OriginGuard:
         if self._pacer is not None:
             paced = self._pacer.reserve(self.origin, limit=limit)
             if paced > limit:
+                self._tell("pacing", paced, refused=True)
                 raise RateLimited(paced, f"{self.origin} is paced: next slot in {paced:.3f}s")
+            if paced and not wait:
+                self._tell("pacing", paced, refused=False)
             wait = max(wait, paced)
+        if not wait:
+            self._episode = None  # a request went through at once: the episode is over
         return wait
+
+    def _tell(self, kind: str, wait: float, *, refused: bool) -> None:
+        # One INFO line per origin per episode (not per request): the first
+        # request a cooldown or pacing delays or refuses says so, with the wait.
+        if self._episode == kind:
+            return
+        self._episode = kind
+        if not _log.isEnabledFor(logging.INFO):
+            return
+        quotas = (
+            [] if kind == "cooldown" or self._pacer is None else self._pacer.quotas(self.origin)
+        )
+        if kind == "cooldown":
+            why = "cooling down as the server asked"
+        else:
+            why = f"pacing quota {', '.join(quotas) or 'default'} until its reset"
+        action = "refusing requests that cannot wait" if refused else "delaying requests"
+        _log.info(
+            "%s: %s; %s (wait %.3fs)",
+            self.origin,
+            why,
+            action,
+            wait,
+            extra={
+                "stormguard": {
+                    "event": kind,
+                    "origin": self.origin,
+                    "wait": wait,
+                    "refused": refused,
+                    "quotas": quotas,
+                }
+            },
+        )
 
     def _hint(self, status: int, headers: Any, hint: float | None) -> float | None:
         if self._cooldown is None or status not in COOLDOWN_STATUSES:

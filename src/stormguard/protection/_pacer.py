@@ -80,6 +80,14 @@ class Pacer:
         with self._lock:
             return core.reserve(now, limit)
 
+    def quotas(self, origin: str) -> list[str]:
+        """The names of the quotas pacing ``origin`` (``"default"`` for an unnamed one)."""
+        core = self._origins.get(origin)
+        if core is None:
+            return []
+        with self._lock:
+            return list(core.pools)
+
     def delay(self, origin: str) -> float:
         """Seconds the next request to ``origin`` would wait (nothing reserved)."""
         core = self._origins.get(origin)
