@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,32 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from net_support import free_port, listening, wait_started
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    """Whether something accepts connections on 127.0.0.1:port."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def _wait(probe: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not probe():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{what} did not start (exit {proc.poll()})")
-        time.sleep(0.02)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -72,7 +48,7 @@ class Upstream:
         """Start (or restart) on the same port."""
         cmd = [sys.executable, str(HERE / "upstream.py"), str(self.port), self.name]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait(lambda: listening(self.port), self.proc, f"upstream {self.name}")
+        wait_started(lambda: listening(self.port), self.proc, f"upstream {self.name}")
 
     def stop(self) -> None:
         """Kill the upstream (abruptly, as a crash would)."""
@@ -118,7 +94,7 @@ class Gateway:
         env = {**os.environ, "PYTHONPATH": str(SRC)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-        _wait(lambda: self.admin_ok() and listening(self.http_port), self.proc, "gateway")
+        wait_started(lambda: self.admin_ok() and listening(self.http_port), self.proc, "gateway")
 
     def admin_ok(self) -> bool:
         try:

@@ -17,11 +17,11 @@ import pytest
 from test_grpc_support import (
     SERVICE,
     Upstream,
-    free_port,
     trailer,
     upstream_fixture,  # noqa: F401  (the `upstream` fixture)
 )
 
+from net_support import free_port
 from stormguard.gateway._grpc_gateway import PUSHBACK
 
 LIMIT = 5

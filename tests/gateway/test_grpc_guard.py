@@ -14,12 +14,12 @@ from test_grpc_support import (
     RETRY_POLICY,
     SERVICE,
     Upstream,
-    free_port,
     messages,
     trailer,
     upstream_fixture,  # noqa: F401  (the `upstream` fixture)
 )
 
+from net_support import free_port
 from stormguard import CircuitBreaker, Concurrency, RetryBudget, TokenBucket
 from stormguard.gateway._clients import ClientIdentity, client_id
 from stormguard.gateway._config import Upstream as UpstreamSettings

@@ -8,7 +8,6 @@ method of each kind; messages are bytes. Nothing here is collected as a test; th
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,13 +26,6 @@ RETRY_POLICY = (
     '"maxAttempts": 3, "initialBackoff": "30s", "maxBackoff": "30s", '
     '"backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}'
 )
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (now)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

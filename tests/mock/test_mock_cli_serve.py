@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,13 +13,9 @@ from typing import Any
 
 import httpx
 
+from net_support import free_port
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "payments.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers(url: str) -> bool:

@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 import pytest
 
+from net_support import free_port, listening, wait_started
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 Serve = Callable[..., str]
@@ -57,11 +42,7 @@ def uvicorn_app() -> Iterator[Serve]:
         cmd += ["--log-level", "warning", "--no-access-log"]
         proc = subprocess.Popen(cmd, env=environ, cwd=HERE)
         procs.append(proc)
-        deadline = time.monotonic() + 20
-        while not _listening(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"uvicorn {factory} did not start (exit {proc.poll()})")
-            time.sleep(0.02)
+        wait_started(lambda: listening(port), proc, f"uvicorn {factory}")
         return f"http://127.0.0.1:{port}"
 
     yield serve

@@ -1,0 +1,40 @@
+"""Loopback helpers shared by the tests that start real servers."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+
+import pytest
+
+# How often a test polls a server it started (never a backoff wait).
+POLL_INTERVAL = 0.02
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (nothing listens on it now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_started(
+    probe: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout: float = 20
+) -> None:
+    """Poll ``probe`` until it is true; fail the test if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what} did not start (exit {proc.poll()})")
+        time.sleep(POLL_INTERVAL)
