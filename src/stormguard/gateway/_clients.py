@@ -37,6 +37,8 @@ class ClientIdentity:
 
     def trusted_peer(self, view: RequestView) -> bool:
         """Whether the transport peer is a trusted proxy."""
+        if not self._address.trusted_proxies:
+            return False
         peer = view.peer()
         return peer is not None and self._address._trusted(peer)
 

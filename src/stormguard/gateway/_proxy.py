@@ -31,6 +31,7 @@ from ..server._refusal import Refusal, rate_limited, send_refusal, unavailable
 from ..server._types import Message, Receive, Scope, Send
 from ..server._view import ScopeView
 from ._clients import client_id
+from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime, client_of
 from ._upstream import Held, Target, UpstreamPool
 from ._wire import request_headers, response_headers
@@ -397,9 +398,7 @@ async def _body_failed(exc: Exception, send: Send, ex: _Exchange) -> None:
 
 
 def _failure_of(exc: BaseException) -> Failure:
-    import aiohttp
-
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, UpstreamConnectError):
         return Failure.NOT_SENT
     return Failure.MAYBE_PROCESSED
 
@@ -413,9 +412,6 @@ async def _attempts(
     ex: _Exchange,
     body: bytes | _Stream | None,
 ) -> None:
-    import aiohttp
-    import yarl
-
     method: str = scope["method"]
     view = ScopeView(scope)
     headers = request_headers(scope, rt.identity.trusted_peer(view))
@@ -423,8 +419,8 @@ async def _attempts(
     replayable = not hasattr(body, "__aiter__")
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
-    target_path = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-    session = pool.session()
+    target_path = path + b"?" + query if query else path
+    client = pool.client
     budget = pool.budget
     if budget is not None:
         await budget.arecord_request()
@@ -441,13 +437,10 @@ async def _attempts(
                 except CircuitOpen:
                     break
         target = pool.pick(avoid=target)
-        url = yarl.URL(target.base + target_path, encoded=True)
         sent = time.perf_counter()
         try:
-            response = await session.request(
-                method, url, headers=headers, data=body, allow_redirects=False
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            response = await client.request(target.base, method, target_path, headers, body)
+        except (UpstreamError, TimeoutError) as exc:
             if isinstance(body, _Stream) and body.error is not None:
                 if permit is not None:
                     await permit.arelease()  # the client's fault, not the upstream's
@@ -503,11 +496,9 @@ async def _attempts(
     )
 
 
-async def _relay(response: Any, send: Send, ex: _Exchange, method: str) -> None:
+async def _relay(response: H1Response, send: Send, ex: _Exchange, method: str) -> None:
     # Small answers go out in one message; others stream as they arrive. A failure
     # after the status line went out can only cut the connection (the server does).
-    import aiohttp
-
     ex.status = response.status
     start = {
         "type": "http.response.start",
@@ -526,11 +517,11 @@ async def _relay(response: Any, send: Send, ex: _Exchange, method: str) -> None:
             return
         started = True
         await send(start)
-        async for chunk in response.content.iter_any():
+        async for chunk in response.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         ex.done = True
         await send({"type": "http.response.body", "body": b""})
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (UpstreamError, TimeoutError) as exc:
         timed_out = isinstance(exc, TimeoutError)
         ex.outcome = "upstream_timeout" if timed_out else "upstream_error"
         if not started:

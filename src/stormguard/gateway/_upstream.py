@@ -19,6 +19,7 @@ from ..protection._permit import BreakerEvent, Permit
 from ..server._admission import Admission
 from ..server._refusal import Refusal
 from ._config import Upstream as UpstreamSettings
+from ._h1client import H1Pool
 
 if TYPE_CHECKING:
     import aiohttp
@@ -100,6 +101,15 @@ class UpstreamPool:
             # store round trip on every request (only the small reserve scales with
             # the number of processes).
             self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
+        t = settings.timeout
+        # The proxy leg's keep-alive connections (_h1client.py); aiohttp's session is
+        # made only for the WebSocket leg.
+        self.client = H1Pool(
+            limit=settings.bulkhead.limit if settings.bulkhead else 100,
+            connect=t.connect,
+            read=t.read,
+            total=t.total,
+        )
         self._session: aiohttp.ClientSession | None = None
 
     # -- admission -----------------------------------------------------------------
@@ -164,7 +174,7 @@ class UpstreamPool:
     # -- the connection pool -----------------------------------------------------------
 
     def session(self) -> aiohttp.ClientSession:
-        """This upstream's own aiohttp session (created on first use, on the running loop)."""
+        """The WebSocket leg's aiohttp session (created on first use, on the running loop)."""
         session = self._session
         if session is None or session.closed:
             import aiohttp
@@ -186,7 +196,8 @@ class UpstreamPool:
         return session
 
     async def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
+        await self.client.close()
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None

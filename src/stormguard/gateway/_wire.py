@@ -21,9 +21,18 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-# Not hop-by-hop, but the proxy rewrites them itself.
-_REQUEST_DROP = HOP_BY_HOP | {b"host", b"expect", b"via", b"x-forwarded-proto", b"x-forwarded-host"}
+# Not hop-by-hop, but the proxy rewrites them itself (the upstream client frames
+# the body: Content-Length or chunked).
+_REQUEST_DROP = HOP_BY_HOP | {
+    b"host",
+    b"expect",
+    b"via",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"content-length",
+}
 VIA = b"1.1 stormguard"
+_PROTO = {"http": b"http", "https": b"https", "ws": b"http", "wss": b"https"}
 
 
 def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
@@ -34,45 +43,44 @@ def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
     return tokens
 
 
-def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[str, str]]:
-    """The headers to send upstream (as str pairs for aiohttp).
+def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[bytes, bytes]]:
+    """The headers to send upstream (name, value) as bytes.
 
     X-Forwarded-For: the incoming chain, plus the peer, is kept only when the peer
     is a trusted proxy; otherwise it is the peer address alone (a client cannot
     forge it).
     """
     raw: list[tuple[bytes, bytes]] = scope["headers"]
-    drop = (
-        _REQUEST_DROP | _connection_tokens(raw)
-        if any(k == b"connection" for k, _ in raw)
-        else _REQUEST_DROP
-    )
-    out: list[tuple[str, str]] = []
-    host = ""
-    forwarded_for = ""
-    via = ""
-    for k, v in raw:
-        if k == b"host":
-            host = v.decode("latin-1")
+    out: list[tuple[bytes, bytes]] = []
+    host = b""
+    forwarded: list[bytes] = []
+    via = b""
+    named = False  # a Connection header names more hop-by-hop headers
+    for pair in raw:
+        k = pair[0]
+        if k in _REQUEST_DROP:
+            if k == b"host":
+                host = pair[1]
+            elif k == b"via":
+                via = pair[1]
+            elif k == b"connection":
+                named = True
         elif k == b"x-forwarded-for":
-            forwarded_for = (
-                v.decode("latin-1")
-                if not forwarded_for
-                else f"{forwarded_for}, {v.decode('latin-1')}"
-            )
-            continue
-        elif k == b"via":
-            via = v.decode("latin-1")
-        if k not in drop:
-            out.append((k.decode("latin-1"), v.decode("latin-1")))
+            forwarded.append(pair[1])
+        else:
+            out.append(pair)
+    if named:
+        tokens = _connection_tokens(raw)
+        out = [pair for pair in out if pair[0] not in tokens]
     client = scope.get("client")
-    peer = str(client[0]) if client else "unknown"
-    chain = f"{forwarded_for}, {peer}" if forwarded_for and trusted_peer else peer
-    out.append(("X-Forwarded-For", chain))
-    out.append(("X-Forwarded-Proto", str(scope.get("scheme", "http")).replace("ws", "http")))
+    peer = str(client[0]).encode("latin-1") if client else b"unknown"
+    chain = b", ".join((*forwarded, peer)) if forwarded and trusted_peer else peer
+    out.append((b"X-Forwarded-For", chain))
+    scheme = scope.get("scheme", "http")
+    out.append((b"X-Forwarded-Proto", _PROTO.get(scheme) or scheme.encode("latin-1")))
     if host:
-        out.append(("X-Forwarded-Host", host))
-    out.append(("Via", f"{via}, 1.1 stormguard" if via else "1.1 stormguard"))
+        out.append((b"X-Forwarded-Host", host))
+    out.append((b"Via", via + b", " + VIA if via else VIA))
     return out
 
 

@@ -214,9 +214,9 @@ async def _proxy(
     url = base + scope["path"] + ("?" + query.decode("latin-1") if query else "")
     view = ScopeView(scope)
     headers = [
-        (k, v)
+        (k.decode("latin-1"), v.decode("latin-1"))
         for k, v in request_headers(scope, rt.identity.trusted_peer(view))
-        if not k.lower().startswith("sec-websocket")
+        if not k.lower().startswith(b"sec-websocket")
     ]
     protocols = [
         p.strip()

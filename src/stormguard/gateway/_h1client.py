@@ -1,0 +1,585 @@
+# The proxy leg's upstream client: HTTP/1.1 with keep-alive on asyncio protocols and
+# httptools' response parser. It is the one small interface the proxy leg uses
+# (`H1Pool.request() -> H1Response`, `read()`, `chunks()`, `release()`), and it
+# exists because it is measurably cheaper than aiohttp's client per request (see
+# bench/bench_gateway.py): no task, no timer object and no header multidict per
+# request -- the answer to a small request is usually parsed, body and all, in the
+# same callback that delivers its status line.
+#
+# Rules:
+# * one pool per upstream, idle connections per target (last in, first out);
+#   at most `limit` connections open at once, later requests wait for one;
+# * a connection goes back to the pool only after a complete response that
+#   allows keep-alive and was read to its end; anything else closes it;
+# * a request that fails on a *reused* connection before any byte of the answer
+#   came back is sent once more on a new connection when it is safe to (the
+#   upstream closed an idle connection as we wrote: nothing was processed);
+# * errors are ours: UpstreamConnectError (never sent; ConnectTimeout is one),
+#   UpstreamError (may have been processed) and ReadTimeout (a TimeoutError);
+# * read timeout = the longest silence while an answer is due; total = the whole
+#   exchange up to the last body byte.
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = [
+    "ConnectTimeout",
+    "H1Pool",
+    "H1Response",
+    "ReadTimeout",
+    "UpstreamConnectError",
+    "UpstreamError",
+]
+
+_HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+_NO_BODY_STATUS = (204, 304)
+
+
+class UpstreamError(Exception):
+    """The exchange failed after the request may have reached the upstream."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """No connection to the upstream: the request was never sent."""
+
+
+class ConnectTimeout(UpstreamConnectError, TimeoutError):
+    """The connection was not established within the connect timeout."""
+
+
+class ReadTimeout(UpstreamError, TimeoutError):
+    """The upstream went silent longer than the read (or total) timeout."""
+
+
+class _Endpoint:
+    """Where one target's connections go (parsed once)."""
+
+    __slots__ = ("host", "host_header", "idle", "port", "prefix", "ssl")
+
+    def __init__(self, base: str) -> None:
+        parts = urlsplit(base)
+        secure = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if secure else 80)
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if secure else None
+        self.host_header = parts.netloc.encode("latin-1")
+        self.prefix = parts.path.rstrip("/").encode("latin-1")
+        self.idle: list[_Connection] = []
+
+
+class H1Response:
+    """One upstream answer: status and headers now, the body as it arrives."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_error",
+        "_size",
+        "_waiter",
+        "complete",
+        "content_length",
+        "keep_alive",
+        "raw_headers",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn: _Connection | None = conn
+        self.status = 0
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self.keep_alive = False
+        self.complete = False
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- fed by the connection --------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        conn = self._conn
+        if self._size > _HIGH_WATER and conn is not None:
+            conn.pause()
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.complete and self._error is None:
+            self._error = exc
+        self._wake()
+
+    # -- read by the proxy leg --------------------------------------------------------
+
+    async def _more(self) -> None:
+        if self._error is not None:
+            raise self._error
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await waiter
+        if self._error is not None and not self._chunks:
+            raise self._error
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        while not self.complete:
+            await self._more()
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._finished()
+        return data
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body, piece by piece as it arrives."""
+        chunks = self._chunks
+        while True:
+            while chunks:
+                chunk = chunks.popleft()
+                self._size -= len(chunk)
+                if self._size <= _HIGH_WATER // 2 and self._conn is not None:
+                    self._conn.resume()
+                yield chunk
+            if self.complete:
+                self._finished()
+                return
+            await self._more()
+
+    def _finished(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            conn.finish(self)
+            self._conn = None
+
+    def release(self) -> None:
+        """Done with the answer: its connection goes back to the pool or is closed."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            if self.complete:
+                conn.finish(self)
+            else:
+                conn.close()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to a target, carrying one exchange at a time."""
+
+    def __init__(self, pool: H1Pool, endpoint: _Endpoint) -> None:
+        self.pool = pool
+        self.endpoint = endpoint
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: H1Response | None = None
+        self.headers_ready: asyncio.Future[None] | None = None
+        self.closed = False
+        self.received = False  # a byte of the current answer came back
+        self.head_request = False
+        self.until_eof = False  # an answer without length: it ends when the connection does
+        self.paused = False
+        self.drained: asyncio.Future[None] | None = None
+        self.last_read = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # loop time the whole exchange must end by (0: none)
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        response = self.response
+        if response is None:  # nothing asked: a confused upstream
+            self.close()
+            return
+        self.received = True
+        self.last_read = self.pool.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost tells the exchange
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self.pool.lost(self)
+        response = self.response
+        if response is not None:
+            if self.until_eof and response.status:
+                self.on_message_complete()  # the answer ended with the connection
+            else:
+                self._broken(UpstreamError("the upstream closed the connection"))
+        drained = self.drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.drained = self.pool.loop.create_future()
+
+    def resume_writing(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    # -- httptools callbacks ------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.response is not None
+        self.response.raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        assert response is not None
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # interim answer: wait for the real one
+            response.raw_headers = []
+            return
+        response.status = status
+        response.keep_alive = self.parser.should_keep_alive()
+        length = None
+        chunked = False
+        for name, value in response.raw_headers:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                length = int(value) if value.isdigit() else None
+            elif lowered == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        if self.head_request or status in _NO_BODY_STATUS:
+            length = 0
+        response.content_length = None if chunked else length
+        self.until_eof = length is None and not chunked
+        waiter = self.headers_ready
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self.head_request:
+            # httptools cannot be told the answer to HEAD has no body: end it here and
+            # give the next exchange a fresh parser.
+            self.parser = httptools.HttpResponseParser(self)
+            self.on_message_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is None or response.status == 0 or response.complete:
+            return  # the end of an interim answer
+        response.complete = True
+        self._cancel_timer()
+        if self.until_eof or not response.keep_alive:
+            response.keep_alive = False
+        response._wake()
+
+    # -- the exchange -------------------------------------------------------------------
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def begin(self, response: H1Response, head: bool, read: float, total: float | None) -> None:
+        loop = self.pool.loop
+        self.response = response
+        self.received = False
+        self.head_request = head
+        self.until_eof = False
+        self.headers_ready = loop.create_future()
+        now = loop.time()
+        self.last_read = now
+        self.deadline = now + total if total else 0.0
+        first = min(read, total) if total else read
+        self.timer = loop.call_at(now + first, self._check_timeout, read)
+
+    def _check_timeout(self, read: float) -> None:
+        self.timer = None
+        now = self.pool.loop.time()
+        if self.deadline and now >= self.deadline:
+            self._broken(ReadTimeout("the upstream did not finish within the total timeout"))
+            return
+        if now - self.last_read >= read:
+            self._broken(ReadTimeout(f"the upstream was silent for {read:g} s"))
+            return
+        when = self.last_read + read
+        if self.deadline:
+            when = min(when, self.deadline)
+        self.timer = self.pool.loop.call_at(when, self._check_timeout, read)
+
+    def _cancel_timer(self) -> None:
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
+
+    def _broken(self, exc: BaseException) -> None:
+        response = self.response
+        waiter = self.headers_ready
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if response is not None:
+            response._fail(exc)
+        self.close()
+
+    def finish(self, response: H1Response) -> None:
+        """The exchange is over; keep the connection when the answer allows it."""
+        if self.response is not response:
+            return
+        self.response = None
+        self.headers_ready = None
+        self._cancel_timer()
+        if response.complete and response.keep_alive and not self.closed and not self.paused:
+            self.pool.idle(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cancel_timer()
+            if self.transport is not None:
+                self.transport.close()
+            self.pool.lost(self)
+
+    async def drain(self) -> None:
+        drained = self.drained
+        if drained is not None:
+            await drained
+
+
+Body = bytes | AsyncIterable[bytes] | None
+
+
+class H1Pool:
+    """Keep-alive HTTP/1.1 connections to the targets of one upstream."""
+
+    def __init__(
+        self,
+        *,
+        limit: int = 100,
+        connect: float = 1.0,
+        read: float = 10.0,
+        total: float | None = None,
+    ) -> None:
+        self.limit = limit
+        self.connect_timeout = connect
+        self.read_timeout = read
+        self.total_timeout = total
+        self.open = 0
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._all: set[_Connection] = set()
+        self._closed = False
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+
+    # -- bookkeeping from the connections -----------------------------------------------
+
+    def idle(self, conn: _Connection) -> None:
+        if self._closed:
+            conn.close()
+            return
+        conn.endpoint.idle.append(conn)
+        self._wake_one()
+
+    def lost(self, conn: _Connection) -> None:
+        if conn in self._all:
+            self._all.discard(conn)
+            self.open -= 1
+            idle = conn.endpoint.idle
+            if conn in idle:
+                idle.remove(conn)
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # -- connections --------------------------------------------------------------------
+
+    def _endpoint(self, base: str) -> _Endpoint:
+        endpoint = self._endpoints.get(base)
+        if endpoint is None:
+            endpoint = self._endpoints[base] = _Endpoint(base)
+        return endpoint
+
+    async def _connection(self, endpoint: _Endpoint) -> tuple[_Connection, bool]:
+        idle = endpoint.idle
+        while True:
+            while idle:
+                conn = idle.pop()
+                if not conn.closed:
+                    return conn, True
+            if self.open < self.limit:
+                return await self._connect(endpoint), False
+            spare = next((c for e in self._endpoints.values() for c in e.idle), None)
+            if spare is not None:  # another target's idle connection makes room
+                spare.close()
+                continue
+            waiter = self.loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()
+                self._wake_one()
+                raise
+
+    async def _connect(self, endpoint: _Endpoint) -> _Connection:
+        loop = self.loop
+        self.open += 1  # reserved while connecting
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(self, endpoint),
+                    endpoint.host,
+                    endpoint.port,
+                    ssl=endpoint.ssl,
+                    server_hostname=endpoint.host if endpoint.ssl else None,
+                ),
+                self.connect_timeout,
+            )
+        except TimeoutError:
+            self.open -= 1
+            self._wake_one()
+            raise ConnectTimeout(
+                f"no connection to {endpoint.host}:{endpoint.port} "
+                f"within {self.connect_timeout:g} s"
+            ) from None
+        except OSError as exc:
+            self.open -= 1
+            self._wake_one()
+            raise UpstreamConnectError(
+                f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}"
+            ) from exc
+        except BaseException:
+            self.open -= 1
+            self._wake_one()
+            raise
+        self._all.add(conn)
+        return conn
+
+    # -- the exchange -------------------------------------------------------------------
+
+    async def request(
+        self,
+        base: str,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: Body = None,
+    ) -> H1Response:
+        """Send one request to the target at ``base``; the answer once its head is in.
+
+        ``target`` is the path and query (the base URL's path is put in front);
+        ``headers`` go as they are, after ``Host`` (the target's). A bytes body is
+        sent with Content-Length, an async iterable chunked.
+        """
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        endpoint = self._endpoint(base)
+        head = self._head(endpoint, method, target, headers, body)
+        while True:
+            conn, reused = await self._connection(endpoint)
+            response = H1Response(conn)
+            try:
+                await self._exchange(conn, response, method, head, body)
+                return response
+            except UpstreamError:
+                resend = (
+                    reused
+                    and not conn.received
+                    and (body is None or isinstance(body, bytes))
+                    and method in _IDEMPOTENT
+                )
+                conn.close()
+                if not resend:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+
+    @staticmethod
+    def _head(
+        endpoint: _Endpoint,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: Body,
+    ) -> bytes:
+        parts = [method.encode("ascii"), b" ", endpoint.prefix, target or b"/", b" HTTP/1.1\r\nhost: "]
+        parts.append(endpoint.host_header)
+        parts.append(b"\r\n")
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        if isinstance(body, bytes):
+            parts.append(b"content-length: %d\r\n\r\n" % len(body))
+        elif body is None:
+            parts.append(b"\r\n" if method in _IDEMPOTENT else b"content-length: 0\r\n\r\n")
+        else:
+            parts.append(b"transfer-encoding: chunked\r\n\r\n")
+        return b"".join(parts)
+
+    async def _exchange(
+        self, conn: _Connection, response: H1Response, method: str, head: bytes, body: Body
+    ) -> None:
+        transport = conn.transport
+        assert transport is not None
+        conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
+        if body is None or isinstance(body, bytes):
+            transport.write(head + body if body else head)
+        else:
+            transport.write(head)
+            try:
+                async for chunk in body:
+                    if conn.closed:
+                        break
+                    transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    if conn.drained is not None:
+                        await conn.drain()
+            except Exception as exc:  # the client's body failed; the caller knows why
+                conn.close()
+                raise UpstreamError(f"request body failed: {exc!r}") from exc
+            if not conn.closed:
+                transport.write(b"0\r\n\r\n")
+        ready = conn.headers_ready
+        assert ready is not None
+        await ready
+
+    async def close(self) -> None:
+        """Close every connection."""
+        self._closed = True
+        for conn in list(self._all):
+            conn.close()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.cancel()
+        self._waiters.clear()
+
+
+def wire_error(exc: BaseException) -> Any:
+    """Whether ``exc`` is one of this client's errors (or a timeout)."""
+    return isinstance(exc, UpstreamError | TimeoutError)
