@@ -34,7 +34,7 @@ from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime, client_of
 from ._upstream import Held, Target, UpstreamPool
-from ._wire import request_headers, response_headers
+from ._wire import DISCONNECT, request_headers, response_headers
 
 __all__ = ["handle_http"]
 
@@ -231,8 +231,12 @@ async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
     # reject: one store call. {delay: S}: wait out a refusal whose retry_after
     # still ends within S seconds of arrival, then ask again (nginx burst+delay,
     # expressed as time); past S the request is refused.
-    assert route.rules is not None
-    decision = await route.rules.adecide(view, scope["method"], scope["path"])
+    rules = route.rules
+    assert rules is not None
+    if rules.in_memory:  # nothing to await: decided in place
+        decision = rules.decide(view, scope["method"], scope["path"])
+    else:
+        decision = await rules.adecide(view, scope["method"], scope["path"])
     if route.delay is None or decision is None or decision.allowed:
         return decision
     loop = asyncio.get_running_loop()
@@ -271,17 +275,14 @@ async def _to_upstream(
     ex.upstream = pool.name
     method: str = scope["method"]
     chunked = _header(scope, b"transfer-encoding") is not None
-    body_done = asyncio.Event()
     body: bytes | _Stream | None
     try:
         if not chunked and (length is None or length == 0):
             body = None if method in _BODYLESS or length is None else b""
-            body_done.set()
         elif not chunked and length is not None and length <= _BUFFER:
             body = await _read_all(receive, route, rt.config.body_timeout)
-            body_done.set()
         else:
-            body = _Stream(receive, route.max_body, rt.config.body_timeout, body_done)
+            body = _Stream(receive, route.max_body, rt.config.body_timeout, asyncio.Event())
     except _TooLarge:
         await _refuse(send, ex, Refusal.of(413, "request body too large", reason="too_large"))
         return
@@ -298,12 +299,25 @@ async def _to_upstream(
         return
     task = asyncio.current_task()
     assert task is not None
-    # Most requests end within WATCH_AFTER; only longer ones get a watcher task.
+
+    def client_gone() -> None:
+        if not ex.done:
+            ex.gone = True
+            task.cancel()
+
+    # Our own server tells us of a disconnect (once the body is read); under another
+    # ASGI server, requests that last past WATCH_AFTER get a watcher task.
+    cycle = scope.get(DISCONNECT)
     watcher: list[asyncio.Future[None]] = []
-    timer = asyncio.get_running_loop().call_later(
-        WATCH_AFTER,
-        lambda: watcher.append(asyncio.ensure_future(_watch(receive, body_done, task, ex))),
-    )
+    timer = None
+    if cycle is not None and not isinstance(body, _Stream):
+        cycle.on_lost = client_gone
+    else:
+        done = body.done if isinstance(body, _Stream) else _DONE
+        timer = asyncio.get_running_loop().call_later(
+            WATCH_AFTER,
+            lambda: watcher.append(asyncio.ensure_future(_watch(receive, done, client_gone))),
+        )
     try:
         await _attempts(rt, pool, admission, scope, send, ex, body)
     except asyncio.CancelledError:
@@ -312,22 +326,32 @@ async def _to_upstream(
         ex.outcome, ex.status = "client_gone", 499
         task.uncancel()
     finally:
-        timer.cancel()
+        if cycle is not None:
+            cycle.on_lost = None
+        if timer is not None:
+            timer.cancel()
         if watcher:
             watcher[0].cancel()
         pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)
 
 
-async def _watch(
-    receive: Receive, body_done: asyncio.Event, task: asyncio.Task[Any], ex: _Exchange
-) -> None:
+class _Done:
+    """A body that was read whole: done already (the watcher's event, without an Event)."""
+
+    @staticmethod
+    async def wait() -> None:
+        return None
+
+
+_DONE = _Done()
+
+
+async def _watch(receive: Receive, body_done: Any, client_gone: Any) -> None:
     await body_done.wait()
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not ex.done:
-                ex.gone = True
-                task.cancel()
+            client_gone()
             return
 
 
@@ -422,14 +446,14 @@ async def _attempts(
     target_path = path + b"?" + query if query else path
     client = pool.client
     budget = pool.budget
-    if budget is not None:
-        await budget.arecord_request()
+    if budget is not None:  # per process, never in a store (see _upstream.py)
+        budget.record_request()
     permit = admission.permit
     target: Target | None = None
     for attempt in range(1, pool.attempts + 1):
         if attempt > 1:
             # A retry asks the budget, then the breaker, like a first attempt would.
-            if budget is None or not await budget.atry_retry():
+            if budget is None or not budget.try_retry():
                 break
             if pool.breaker is not None:
                 try:

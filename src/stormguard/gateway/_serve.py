@@ -51,52 +51,12 @@ def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _protocol(header_timeout: float) -> type:
-    # uvicorn's HTTP protocol with a deadline for the request head: a slowloris
-    # client trickling header bytes is cut after `header_timeout` seconds. (uvicorn
-    # only times out idle keep-alive connections.)
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
-        _head_timer: asyncio.TimerHandle | None = None
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._head_timer = self.loop.call_later(header_timeout, self._head_expired)
-
-        def _disarm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_expired(self) -> None:
-            if self.cycle is None or self.cycle.response_complete:
-                self.transport.close()
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return HeaderTimeoutProtocol
-
-
 def _server(
     app: Any, config: GatewayConfig, *, admin: bool, sock: socket.socket | None = None
 ) -> Any:
     import uvicorn
+
+    from ._h1server import gateway_protocol
 
     class Server(uvicorn.Server):
         sockets: list[socket.socket] | None = None
@@ -118,7 +78,7 @@ def _server(
         proxy_headers=False,
         server_header=False,
         log_level="warning",
-        http=_protocol(config.header_timeout) if not admin else "h11",
+        http=gateway_protocol(config.header_timeout) if not admin else "h11",
         ws="websockets-sansio" if not admin else "none",
         date_header=admin,
         ws_max_size=max_ws + 1024,

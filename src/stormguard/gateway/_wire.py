@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+__all__ = ["DISCONNECT", "HOP_BY_HOP", "request_headers", "response_headers"]
+
+# Scope entry set by the gateway's own HTTP protocol (_h1server.py): the request's
+# cycle; a callable put in its `on_lost` is called once if the client disconnects
+# before the answer is complete.
+DISCONNECT = "stormguard.disconnect"
 
 HOP_BY_HOP = frozenset(
     {

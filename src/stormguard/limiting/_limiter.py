@@ -184,10 +184,8 @@ class _LimiterBase(Generic[S]):
         )
 
 
-def _group(
-    items: Sequence[tuple[_LimiterBase[Any], str]], cost: float
-) -> tuple[list[_LimiterBase[Any]], list[LimitRequest]]:
-    # The limiters of one call and their requests, checked.
+def _check(items: Sequence[tuple[_LimiterBase[Any], str]]) -> list[_LimiterBase[Any]]:
+    # The limiters of one call, checked: one store, each state at most once.
     if not items:
         raise ConfigError("items", "needs at least one (limiter, key) pair")
     limiters = [limiter for limiter, _ in items]
@@ -197,7 +195,37 @@ def _group(
     if len(items) > 1 and len({(limiter.name, key) for limiter, key in items}) < len(items):
         # The same state twice could not be decided all or nothing.
         raise ConfigError("items", "the same (limiter name, key) appears twice")
+    return limiters
+
+
+def _group(
+    items: Sequence[tuple[_LimiterBase[Any], str]], cost: float
+) -> tuple[list[_LimiterBase[Any]], list[LimitRequest]]:
+    # The limiters of one call and their requests, checked.
+    limiters = _check(items)
     return limiters, [limiter._request(key, cost) for limiter, key in items]
+
+
+def _in_memory(items: Sequence[tuple[_LimiterBase[Any], str]], cost: float) -> Decision | None:
+    # A call on a MemoryStore (which cannot fail): no outage bookkeeping and no
+    # LimitRequests -- one limit takes the limiter's own hit, several the store's
+    # hit_many. None: not a MemoryStore call.
+    if not items or items[0][0]._memory_hit is None:
+        return None
+    if len(items) == 1:
+        limiter, key = items[0]
+        return limiter._memory_hit(key, cost)  # type: ignore[misc]
+    limiters = _check(items)
+    store: Any = limiters[0].store
+    limits = [(limiter.algorithm, limiter.name, key) for limiter, key in items]
+    return combine(store.hit_many(limits, check_cost(cost)))
+
+
+def _admitted(decision: Decision) -> Decision:
+    # A lease's decision, or RateLimited when it was refused.
+    if not decision.allowed:
+        raise RateLimited(decision.retry_after)
+    return decision
 
 
 def _fallback(limiters: Sequence[_LimiterBase[Any]], requests: Sequence[LimitRequest]) -> Decision:
@@ -270,6 +298,9 @@ class RateLimiter(_LimiterBase["SyncStore"]):
         Cluster, one per hash slot when the keys differ (per client + global), still
         all or nothing.
         """
+        decision = _in_memory(items, cost)
+        if decision is not None:
+            return decision
         limiters, requests = _group(items, cost)
         store: SyncStore = limiters[0].store
         return call_all(
@@ -301,9 +332,7 @@ class RateLimiter(_LimiterBase["SyncStore"]):
     @contextmanager
     def lease(self, key: str, cost: float = 1.0) -> Iterator[Decision]:
         """Hold ``cost`` slots for the block; raise :class:`RateLimited` when refused."""
-        decision = self.hit(key, cost)
-        if not decision.allowed:
-            raise RateLimited(decision.retry_after)
+        decision = _admitted(self.hit(key, cost))
         try:
             yield decision
         finally:
@@ -329,6 +358,9 @@ class AsyncRateLimiter(_LimiterBase["AsyncStore"]):
         items: Sequence[tuple[AsyncRateLimiter, str]], cost: float = 1.0
     ) -> Decision:
         """Decide several limits for one request, all or nothing, in one store call."""
+        decision = _in_memory(items, cost)
+        if decision is not None:
+            return decision
         limiters, requests = _group(items, cost)
         store: AsyncStore = limiters[0].store
 
@@ -362,9 +394,7 @@ class AsyncRateLimiter(_LimiterBase["AsyncStore"]):
     @asynccontextmanager
     async def lease(self, key: str, cost: float = 1.0) -> AsyncIterator[Decision]:
         """Hold ``cost`` slots for the block; raise :class:`RateLimited` when refused."""
-        decision = await self.hit(key, cost)
-        if not decision.allowed:
-            raise RateLimited(decision.retry_after)
+        decision = _admitted(await self.hit(key, cost))
         try:
             yield decision
         finally:

@@ -144,14 +144,17 @@ class RuleSet:
                 break
         return decisions[0] if len(decisions) == 1 else _flat(decisions)
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether the store is a MemoryStore: :meth:`decide` then serves async limiters too."""
+        return type(self.store) is MemoryStore
+
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
-        """Sync twin of :meth:`adecide`."""
+        """Sync twin of :meth:`adecide` (on a MemoryStore, for async limiters too:
+        nothing there is ever awaited)."""
         groups = self._groups(view, method, path)
         if len(groups) == 1:
             ((cost, items),) = groups.items()
-            if len(items) == 1:
-                limiter, key = items[0]
-                return limiter.hit(key, cost)  # type: ignore[no-any-return]
             return RateLimiter.hit_many(items, cost)
         if not groups:
             return None

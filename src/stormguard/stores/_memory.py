@@ -164,6 +164,44 @@ class MemoryStore:
                         self._put(key, state, d.reset_after, now)
         return decisions
 
+    def hit_many(self, limits: Sequence[tuple[Algorithm, str, str]], cost: float) -> list[Decision]:
+        """:meth:`decide` for limits of one cost, without building LimitRequests.
+
+        ``limits`` pairs each algorithm with its policy name and key. The limiters'
+        hot path for several limits of one request (the gateway decides a
+        per-client and a global limit on every request): the same decisions and
+        stored states as ``decide`` through ``core.decide_group``, all or nothing.
+        """
+        data = self._data
+        keys = [name + "\x00" + key for _, name, key in limits]
+        leases = [os.urandom(9).hex() if type(a) is Concurrency else "" for a, _, _ in limits]
+        with self._lock:
+            now = self._monotonic()
+            states = []
+            for skey in keys:
+                entry = data.get(skey)
+                states.append(None if entry is None or entry[0] <= now else entry[1])
+            outcomes = [
+                a.advance(state, now, cost, lease)
+                for (a, _, _), state, lease in zip(limits, states, leases)
+            ]
+            committed = all(o[1] for o in outcomes)
+            if not committed:  # nothing taken: the admitting limits report their quota
+                outcomes = [
+                    a.advance(state, now, 0.0) if o[1] else o
+                    for (a, _, _), state, o in zip(limits, states, outcomes)
+                ]
+            elif cost > 0:
+                for skey, o in zip(keys, outcomes):
+                    self._put(skey, o[0], o[3], now)
+        return [
+            _new(
+                Decision,
+                (o[1], a.limit, o[2], o[3], o[4], name, a.window, (lease or None) if committed and o[1] else None, ()),
+            )
+            for (a, name, _), o, lease in zip(limits, outcomes, leases)
+        ]
+
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """:meth:`decide` for async limiters (never blocks the loop on I/O)."""
         return self.decide(requests)

@@ -1,0 +1,222 @@
+# The proxy listener's HTTP/1.1 protocol: uvicorn's httptools protocol with a lean
+# request cycle, because on the proxy leg the server's own per-request work is a
+# large share of the gateway's. uvicorn still owns the listener, lifespan,
+# graceful shutdown, pipelining, flow control and the WebSocket upgrade; this
+# changes only what one request costs:
+#
+# * one timer per request instead of two: the request-head deadline
+#   (`header_timeout`, a slowloris is cut) and the keep-alive deadline share it;
+# * the response head is written together with the first body bytes (one write
+#   and one segment for a small answer, not two), without uvicorn's per-header
+#   regular expressions (the gateway's headers are its own or came through
+#   httptools' parser, which rejects CR/LF);
+# * the client's disconnect is reported to whoever registered for it
+#   (`scope[DISCONNECT]`), so the proxy leg needs no watcher task to cancel the
+#   upstream exchange.
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+
+from ._wire import DISCONNECT
+
+__all__ = ["GatewayProtocol", "LeanCycle", "gateway_protocol"]
+
+
+class LeanCycle(RequestResponseCycle):
+    """One request and its answer (uvicorn's cycle with a cheaper ``send``)."""
+
+    on_lost: Callable[[], None] | None = None
+    _head: bytes = b""
+
+    async def send(self, message: Any) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"Expected ASGI message 'http.response.start', but got {kind!r}.")
+            self.response_started = True
+            self.waiting_for_100_continue = False
+            self._head = self._render(message["status"], message.get("headers", ()))
+            return
+        if self.response_complete or kind != "http.response.body":
+            raise RuntimeError(f"Unexpected ASGI message {kind!r}.")
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        if self.scope["method"] == "HEAD":
+            self.expected_content_length = 0
+            body = b""
+        elif self.chunked_encoding:
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + (
+                b"" if more else b"0\r\n\r\n"
+            )
+        else:
+            self.expected_content_length -= len(body)
+            if self.expected_content_length < 0:
+                raise RuntimeError("Response content longer than Content-Length")
+        head, self._head = self._head, b""
+        if head or body:
+            self.transport.write(head + body if head else body)
+        if not more:
+            if self.expected_content_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
+
+    def _render(self, status: int, headers: Any) -> bytes:
+        content = [STATUS_LINE[status]]
+        close = False
+        for name, value in (*self.default_headers, *headers):
+            name = name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value)
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection" and b"close" in [
+                t.strip() for t in value.lower().split(b",")
+            ]:
+                self.keep_alive = False
+                close = True
+            content += (name, b": ", value, b"\r\n")
+        if not self.keep_alive and not close:
+            content.append(b"connection: close\r\n")
+        if (
+            self.chunked_encoding is None
+            and self.scope["method"] != "HEAD"
+            and status not in (204, 304)
+        ):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        return b"".join(content)
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`LeanCycle` and one timer per request."""
+
+    header_timeout = 10.0
+    _timer: asyncio.TimerHandle | None = None
+    _armed_at = 0.0
+    _begun = False  # a request began since the timer was armed
+    _idle_close = False  # the timer also stands for the keep-alive deadline
+
+    # -- the one deadline ---------------------------------------------------------------
+
+    def _arm(self, keep_alive: bool) -> None:
+        self._disarm()
+        self._begun = False
+        self._idle_close = keep_alive
+        self._armed_at = self.loop.time()
+        delay = min(self.header_timeout, self.timeout_keep_alive) if keep_alive else None
+        self._timer = self.loop.call_later(delay or self.header_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being served
+        if self._idle_close and not self._begun:
+            self.transport.close()  # idle past the keep-alive timeout
+            return
+        left = self._armed_at + self.header_timeout - self.loop.time()
+        if left <= 0:
+            self.transport.close()  # the request head did not arrive in time
+        else:
+            self._timer = self.loop.call_later(left, self._expired)
+
+    # -- the protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm(keep_alive=False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:
+            on_lost = getattr(cycle, "on_lost", None)
+            if on_lost is not None:
+                cycle.on_lost = None  # type: ignore[attr-defined]
+                on_lost()
+
+    def on_message_begin(self) -> None:
+        self._begun = True
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        parser = self.parser
+        scope: Any = self.scope
+        scope["method"] = parser.get_method().decode("ascii")
+        version = parser.get_http_version()
+        if version != "1.1":
+            scope["http_version"] = version
+        if parser.should_upgrade() and self._should_upgrade():
+            return
+        parsed = httptools.parse_url(self.url)
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = parsed.query or b""
+        existing = self.cycle
+        cycle = self.cycle = LeanCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        scope[DISCONNECT] = cycle
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, self.app)
+        else:  # pipelined: wait for the answer in progress
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._arm(keep_alive=True)
+
+
+def gateway_protocol(header_timeout: float) -> type[GatewayProtocol]:
+    """The protocol class for a listener with this request-head deadline."""
+    return type("GatewayProtocol", (GatewayProtocol,), {"header_timeout": header_timeout})

@@ -1,0 +1,88 @@
+"""MemoryStore.hit_many (the limiters' group hot path) decides exactly like decide()."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stormguard import (
+    GCRA,
+    AsyncRateLimiter,
+    Concurrency,
+    FixedWindow,
+    RateLimiter,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+    TokenBucket,
+)
+from stormguard.core._limiters import LimitRequest
+from stormguard.stores import MemoryStore
+from stormguard.testing import FakeClock
+
+ALGORITHMS = [
+    TokenBucket(2, 3),
+    GCRA(1, 2),
+    SlidingWindowCounter(3, 1.0),
+    SlidingWindowLog(2, 1.0),
+    FixedWindow(3, 2.0),
+]
+
+traces = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),  # client key
+        st.floats(min_value=0, max_value=1.5, allow_nan=False),  # time advance
+        st.sampled_from([1.0, 0.0, 2.0]),  # cost
+    ),
+    min_size=1,
+    max_size=40,
+)
+pairs = st.tuples(st.sampled_from(ALGORITHMS), st.sampled_from(ALGORITHMS))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs, traces)
+def test_hit_many_equals_decide(pair: tuple, trace: list) -> None:
+    """Random traffic on a per-client + global pair: same decisions and states both ways."""
+    fast_clock, slow_clock = FakeClock(), FakeClock()
+    fast, slow = MemoryStore(clock=fast_clock), MemoryStore(clock=slow_clock)
+    client, everyone = pair
+    for key, dt, cost in trace:
+        fast_clock.advance(dt)
+        slow_clock.advance(dt)
+        limits = [(client, "client", key), (everyone, "global", "all")]
+        requests = [LimitRequest(a, k, n, cost) for a, n, k in limits]
+        assert fast.hit_many(limits, cost) == slow.decide(requests)
+        peek = [LimitRequest(a, k, n, 0.0) for a, n, k in limits]
+        assert fast.decide(peek) == slow.decide(peek)
+
+
+def test_refused_group_takes_nothing() -> None:
+    """A refusal by one limit leaves the other's quota untouched (all or nothing)."""
+    store = MemoryStore(clock=FakeClock())
+    limits = [(TokenBucket(1, 5), "client", "a"), (TokenBucket(1, 1), "global", "all")]
+    assert all(d.allowed for d in store.hit_many(limits, 1.0))
+    refused = store.hit_many(limits, 1.0)
+    assert [d.allowed for d in refused] == [True, False]
+    assert refused[0].remaining == 4  # the client's bucket was not charged twice
+
+
+def test_concurrency_lease_is_handed_out_only_when_admitted() -> None:
+    """A Concurrency limit in a group gets a lease when the group is admitted, none otherwise."""
+    store = MemoryStore(clock=FakeClock())
+    limits = [(Concurrency(1, 10.0), "slots", "a"), (TokenBucket(1, 1), "global", "all")]
+    first = store.hit_many(limits, 1.0)
+    assert first[0].lease and first[1].lease is None
+    second = store.hit_many(limits, 1.0)
+    assert not any(d.lease for d in second)
+
+
+async def test_limiters_take_the_memory_path_for_groups() -> None:
+    """hit_many of sync and async limiters on one MemoryStore is all or nothing."""
+    store = MemoryStore(clock=FakeClock())
+    client = AsyncRateLimiter(TokenBucket(1, 5), store, name="client")
+    everyone = AsyncRateLimiter(TokenBucket(1, 1), store, name="global")
+    assert (await AsyncRateLimiter.hit_many([(client, "a"), (everyone, "all")])).allowed
+    refused = await AsyncRateLimiter.hit_many([(client, "a"), (everyone, "all")])
+    assert not refused.allowed and refused.name == "global"
+    sync = [(RateLimiter(TokenBucket(1, 5), store, name="c2"), "a")]
+    assert RateLimiter.hit_many(sync).allowed
