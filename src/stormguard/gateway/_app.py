@@ -14,6 +14,7 @@ from typing import Any
 from ..server._types import Receive, Scope, Send
 from ._config import GatewayConfig
 from ._dashboard import DASHBOARD_PATHS, send_dashboard
+from ._fastpath import begin
 from ._metrics import GatewayMetrics, StatusBuilder
 from ._proxy import handle_http
 from ._runtime import Runtime
@@ -42,6 +43,11 @@ class Gateway:
         asyncio.get_running_loop().call_later(
             old.config.drain + 1.0, lambda: asyncio.ensure_future(new.close_retired())
         )
+
+    def fast(self, proto: Any, scope: Any, keep_alive: bool) -> Any:
+        """Serve a request on the callback path (_fastpath.py) if it qualifies;
+        None: the server runs the ASGI app for it."""
+        return begin(self.runtime, proto, scope, keep_alive)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

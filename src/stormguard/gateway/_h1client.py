@@ -24,7 +24,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -41,6 +41,7 @@ __all__ = [
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 _NO_BODY_STATUS = (204, 304)
+_PREPARING = 4  # connections opened ahead at once (H1Pool.prepare)
 
 
 class UpstreamError(Exception):
@@ -88,11 +89,13 @@ class H1Response:
         "content_length",
         "keep_alive",
         "raw_headers",
+        "sink",
         "status",
     )
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: _Connection, sink: Sink | None = None) -> None:
         self._conn: _Connection | None = conn
+        self.sink = sink  # told of everything as it happens (no awaiting reader)
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
@@ -113,6 +116,9 @@ class H1Response:
                 waiter.set_result(None)
 
     def _feed(self, chunk: bytes) -> None:
+        if self.sink is not None:
+            self.sink.answer_body(chunk)
+            return
         self._chunks.append(chunk)
         self._size += len(chunk)
         conn = self._conn
@@ -123,6 +129,8 @@ class H1Response:
     def _fail(self, exc: BaseException) -> None:
         if not self.complete and self._error is None:
             self._error = exc
+            if self.sink is not None:
+                self.sink.answer_error(exc)
         self._wake()
 
     # -- read by the proxy leg --------------------------------------------------------
@@ -268,6 +276,8 @@ class _Connection(asyncio.Protocol):
         waiter = self.headers_ready
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if response.sink is not None:
+            response.sink.answer_head(response)
         if self.head_request:
             # httptools cannot be told the answer to HEAD has no body: end it here and
             # give the next exchange a fresh parser.
@@ -286,6 +296,10 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         if self.until_eof or not response.keep_alive:
             response.keep_alive = False
+        if response.sink is not None:
+            response.sink.answer_end()
+            response._finished()
+            return
         response._wake()
 
     # -- the exchange -------------------------------------------------------------------
@@ -306,7 +320,7 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.head_request = head
         self.until_eof = False
-        self.headers_ready = loop.create_future()
+        self.headers_ready = loop.create_future() if response.sink is None else None
         now = loop.time()
         self.last_read = now
         self.deadline = now + total if total else 0.0
@@ -371,6 +385,15 @@ class _Connection(asyncio.Protocol):
 Body = bytes | AsyncIterable[bytes] | None
 
 
+class Sink(Protocol):
+    """Who hears an answer as it arrives (the proxy's callback path, _fastpath.py)."""
+
+    def answer_head(self, response: H1Response) -> None: ...
+    def answer_body(self, chunk: bytes) -> None: ...
+    def answer_end(self) -> None: ...
+    def answer_error(self, exc: BaseException) -> None: ...
+
+
 class H1Pool:
     """Keep-alive HTTP/1.1 connections to the targets of one upstream."""
 
@@ -391,6 +414,8 @@ class H1Pool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._all: set[_Connection] = set()
         self._closed = False
+        self._preparing = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
 
     # -- bookkeeping from the connections -----------------------------------------------
@@ -482,6 +507,56 @@ class H1Pool:
         self._all.add(conn)
         return conn
 
+    # -- the callback path --------------------------------------------------------------
+
+    def take_idle(self, base: str) -> _Connection | None:
+        """An idle connection to the target at ``base`` if there is one (else None)."""
+        idle = self._endpoint(base).idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def prepare(self, base: str) -> None:
+        """Open one more connection to ``base`` in the background, to wait idle.
+
+        The callback path asks for it when it found no idle connection, so the pool
+        grows to the concurrency the upstream sees. A failure is dropped: the proxy
+        leg meets (and reports) it on its next request.
+        """
+        if self._preparing >= _PREPARING or self.open >= self.limit or self._closed:
+            return
+        self._preparing += 1
+        task = self.loop.create_task(self._prepare(self._endpoint(base)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _prepare(self, endpoint: _Endpoint) -> None:
+        try:
+            conn = await self._connect(endpoint)
+        except (UpstreamError, TimeoutError):
+            return
+        finally:
+            self._preparing -= 1
+        self.idle(conn)
+
+    def send_now(
+        self,
+        conn: _Connection,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        sink: Sink,
+    ) -> H1Response:
+        """Send a bodyless request on ``conn`` (from :meth:`take_idle`); ``sink``
+        hears the answer. Errors reach ``sink.error``, never the caller."""
+        response = H1Response(conn, sink)
+        conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
+        assert conn.transport is not None
+        conn.transport.write(self._head(conn.endpoint, method, target, headers, None))
+        return response
+
     # -- the exchange -------------------------------------------------------------------
 
     async def request(
@@ -572,6 +647,8 @@ class H1Pool:
     async def close(self) -> None:
         """Close every connection."""
         self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
         for conn in list(self._all):
             conn.close()
         for waiter in self._waiters:
@@ -579,7 +656,3 @@ class H1Pool:
                 waiter.cancel()
         self._waiters.clear()
 
-
-def wire_error(exc: BaseException) -> Any:
-    """Whether ``exc`` is one of this client's errors (or a timeout)."""
-    return isinstance(exc, UpstreamError | TimeoutError)

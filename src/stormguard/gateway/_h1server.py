@@ -41,6 +41,10 @@ class LeanCycle(RequestResponseCycle):
     async def send(self, message: Any) -> None:
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()
+        self.send_now(message)
+
+    def send_now(self, message: Any) -> None:
+        """:meth:`send` without waiting for the client's socket to drain."""
         if self.disconnected:
             return
         kind = message["type"]
@@ -112,6 +116,7 @@ class GatewayProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`LeanCycle` and one timer per request."""
 
     header_timeout = 10.0
+    fast: Callable[[Any, Any, bool], Any] | None = None
     _timer: asyncio.TimerHandle | None = None
     _armed_at = 0.0
     _begun = False  # a request began since the timer was armed
@@ -149,7 +154,15 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        # The app's callback path (Gateway.fast -> _fastpath.begin), if it has one.
+        self.fast = getattr(self.app, "fast", None)
         self._arm(keep_alive=False)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        resumed = getattr(self.cycle, "resumed", None)
+        if resumed is not None:
+            resumed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -184,6 +197,16 @@ class GatewayProtocol(HttpToolsProtocol):
         scope["raw_path"] = self.root_path.encode("ascii") + raw_path
         scope["query_string"] = parsed.query or b""
         existing = self.cycle
+        keep_alive = version != "1.0" and parser.should_keep_alive()
+        if (
+            (existing is None or existing.response_complete)
+            and self.fast is not None
+            and not self.expect_100_continue
+        ):
+            fast = self.fast(self, scope, keep_alive)
+            if fast is not None:
+                self.cycle = fast
+                return
         cycle = self.cycle = LeanCycle(
             scope=scope,
             transport=self.transport,
@@ -194,7 +217,7 @@ class GatewayProtocol(HttpToolsProtocol):
             default_headers=self.server_state.default_headers,
             message_event=asyncio.Event(),
             expect_100_continue=self.expect_100_continue,
-            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            keep_alive=keep_alive,
             on_response=self.on_response_complete,
         )
         scope[DISCONNECT] = cycle

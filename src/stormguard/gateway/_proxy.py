@@ -85,9 +85,7 @@ async def handle_http(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
     ex = _Exchange()
     route: CompiledRoute | None = None
     try:
-        host = _header(scope, b"host")
-        hostname = host.decode("latin-1").rsplit(":", 1)[0].lower() if host else None
-        route = rt.match(scope["path"], scope["method"], hostname)
+        route = route_of(rt, scope)
         if route is None:
             ex.outcome = "not_found"
             await _refuse(send, ex, Refusal.of(404, "no route matches", reason="not_found"))
@@ -99,27 +97,37 @@ async def handle_http(rt: Runtime, scope: Scope, receive: Receive, send: Send) -
             ex.outcome = "gateway_error"
             await _refuse(send, ex, Refusal.of(502, "gateway error", reason="gateway_error"))
     finally:
-        name = route.name if route is not None else "-"
-        rt.metrics.count(name, ex.outcome)
-        if ex.outcome not in ("allowed", "not_found", "upstream_error") and ex.client:
-            rt.metrics.refused_clients.labels(ex.client, ex.outcome).inc()
-        if rt.config.access_log:
-            access_log.info(
-                json.dumps(
-                    {
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "route": name,
-                        "status": ex.status,
-                        "policy": ex.outcome,
-                        "client": ex.client,
-                        "client_rule": ex.rule,
-                        "upstream": ex.upstream,
-                        "ms": round((time.perf_counter() - started) * 1000, 3),
-                    },
-                    separators=(",", ":"),
-                )
-            )
+        account(rt, route, scope, ex, started)
+
+
+def route_of(rt: Runtime, scope: Scope) -> CompiledRoute | None:
+    """The route serving the request of ``scope`` (prefix, method, host), or None."""
+    host = _header(scope, b"host")
+    hostname = host.decode("latin-1").rsplit(":", 1)[0].lower() if host else None
+    return rt.match(scope["path"], scope["method"], hostname)
+
+
+def account(
+    rt: Runtime, route: CompiledRoute | None, scope: Scope, ex: _Exchange, started: float
+) -> None:
+    """Count the request's outcome; write its access log line (when enabled)."""
+    name = route.name if route is not None else "-"
+    rt.metrics.count(name, ex.outcome)
+    if ex.outcome not in ("allowed", "not_found", "upstream_error") and ex.client:
+        rt.metrics.refused_clients.labels(ex.client, ex.outcome).inc()
+    if rt.config.access_log and access_log.isEnabledFor(logging.INFO):
+        line = {
+            "method": scope["method"],
+            "path": scope["path"],
+            "route": name,
+            "status": ex.status,
+            "policy": ex.outcome,
+            "client": ex.client,
+            "client_rule": ex.rule,
+            "upstream": ex.upstream,
+            "ms": round((time.perf_counter() - started) * 1000, 3),
+        }
+        access_log.info(json.dumps(line, separators=(",", ":")))
 
 
 async def _refuse(send: Send, ex: _Exchange, refusal: Refusal) -> None:
@@ -145,13 +153,7 @@ async def _serve(
     if route.rules is not None:
         decision = await _decide(route, view, scope)
         if decision is not None and not decision.allowed:
-            if route.rules.store_down and route.rules.fails_closed:
-                refusal = unavailable(
-                    decision.retry_after, "store_unavailable", "limits cannot be checked now"
-                )
-            else:
-                refusal = rate_limited(decision, "ietf")
-            await _refuse(send, ex, refusal)
+            await _refuse(send, ex, limit_refusal(route, decision))
             return
     try:
         if route.config.idempotency != "off":
@@ -164,6 +166,14 @@ async def _serve(
                 limiter = route.leased.get(part.name)
                 if limiter is not None and part.lease:
                     await limiter.release(_limit_key(route, part.name, scope), part.lease)
+
+
+def limit_refusal(route: CompiledRoute, decision: Any) -> Refusal:
+    """429 over a limit; 503 when the store is down and the limits fail closed."""
+    assert route.rules is not None
+    if route.rules.store_down and route.rules.fails_closed:
+        return unavailable(decision.retry_after, "store_unavailable", "limits cannot be checked now")
+    return rate_limited(decision, "ietf")
 
 
 _IDEMPOTENCY_REASONS = {
@@ -251,7 +261,9 @@ async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
 
 async def _admit(pool: UpstreamPool, send: Send, ex: _Exchange) -> Held | None:
     try:
-        held = await pool.admit(ex.client)
+        held = pool.admit_now(ex.client)
+        if held is None:
+            held = await pool.admit(ex.client)
     except CircuitOpen as exc:
         detail = f"upstream {pool.name!r} is failing; its circuit is open"
         await _refuse(send, ex, unavailable(exc.remaining, "breaker_open", detail))

@@ -61,6 +61,7 @@ class UpstreamPool:
     ) -> None:
         self.name = name
         self.settings = settings
+        self._shared = store is not None  # the breaker's state is in the store
         self.targets = [Target(url) for url in settings.all_targets]
         self._next = 0
         self.in_flight = 0
@@ -114,6 +115,21 @@ class UpstreamPool:
 
     # -- admission -----------------------------------------------------------------
 
+    def admit_now(self, client: str) -> Held | Refusal | None:
+        """:meth:`admit` when nothing has to be awaited: a breaker in this process and
+        a free bulkhead slot (the common case). None: ask :meth:`admit`."""
+        if self._shared:
+            return None
+        permit = self.breaker.acquire() if self.breaker is not None else None
+        if self.bulkhead is not None:
+            entered = self.bulkhead.try_enter(client)
+            if entered is not True:
+                if permit is not None:
+                    permit.release()
+                return None if entered is False else entered
+        self.in_flight += 1
+        return Held(permit, client, True)
+
     async def admit(self, client: str) -> Held | Refusal:
         """Ask the breaker, then the bulkhead (client share, then pool) for a slot.
 
@@ -160,6 +176,23 @@ class UpstreamPool:
         target = targets[self._next % n]  # all ejected: spread anyway
         self._next += 1
         return target
+
+    def pick_ready(self) -> tuple[Target, Any, Callable[[], None]] | None:
+        """The next target with an idle connection taken, and how to undo the pick;
+        None (nothing taken, the turn not used) when that target has none idle."""
+        turn = self._next
+        target = self.pick()
+        conn = self.client.take_idle(target.base)
+        if conn is None:
+            self._next = turn
+            if self.client.loop is not None:
+                self.client.prepare(target.base)  # one idle next time
+            return None
+
+        def undo() -> None:
+            self._next = turn
+
+        return target, conn, undo
 
     def report(self, target: Target, failed: bool) -> None:
         """Count a target's consecutive failures; eject it for a while at the threshold."""

@@ -37,6 +37,7 @@ _REQUEST_DROP = HOP_BY_HOP | {
     b"content-length",
 }
 VIA = b"1.1 stormguard"
+_PLAIN_TOKENS = {b"keep-alive", b"close"}  # Connection values that name no header
 _PROTO = {"http": b"http", "https": b"https", "ws": b"http", "wss": b"https"}
 
 
@@ -91,9 +92,20 @@ def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The upstream's response headers minus hop-by-hop ones, plus ``Via``."""
-    pairs = list(raw)
-    drop = HOP_BY_HOP | _connection_tokens(pairs)
-    out = [(k.lower(), v) for k, v in pairs if k.lower() not in drop and k.lower() != b"via"]
-    via = [v for k, v in pairs if k.lower() == b"via"]
-    out.append((b"via", (via[0] + b", " + VIA) if via else VIA))
+    out: list[tuple[bytes, bytes]] = []
+    via = b""
+    tokens: set[bytes] | None = None
+    for k, v in raw:
+        k = k.lower()
+        if k in HOP_BY_HOP:
+            if k == b"connection":
+                named = {t.strip().lower() for t in v.split(b",")} - _PLAIN_TOKENS
+                tokens = named if tokens is None else tokens | named
+        elif k == b"via":
+            via = via or v
+        else:
+            out.append((k, v))
+    if tokens:  # headers the Connection header names are hop-by-hop too
+        out = [pair for pair in out if pair[0] not in tokens]
+    out.append((b"via", via + b", " + VIA if via else VIA))
     return out

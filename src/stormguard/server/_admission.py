@@ -85,6 +85,21 @@ class Admission:
             if share.in_flight == 0:
                 del self._clients[client]
 
+    def try_enter(self, client: str | None = None) -> Refusal | bool:
+        """Take a slot only if one is free now: True. A Refusal (503) when the client's
+        share is used up, or the group is full and ``max_wait`` is 0; False when the
+        caller could wait for a slot (then :meth:`aenter` or :meth:`enter`)."""
+        if not self._take_share(client):
+            return self._refusal("this client already has its share of requests in flight")
+        try:
+            self.bulkhead.acquire(0)
+        except BulkheadFull:
+            self._give_share(client)
+            if self.bulkhead.max_wait > 0:
+                return False
+            return self._refusal("too many requests in flight")
+        return True
+
     async def aenter(self, client: str | None = None) -> Refusal | None:
         """Take a slot for ``client`` (None: no share); a Refusal (503) when full."""
         if not self._take_share(client):

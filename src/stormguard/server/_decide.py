@@ -17,6 +17,8 @@ from typing import Any
 from .. import AsyncRateLimiter, RateLimiter
 from .._errors import ConfigError
 from ..core._decision import Decision, combine
+from ..core._limiters import check_cost
+from ..limiting._limiter import combined
 from ..stores import MemoryStore, from_url
 from ._rules import ClientAddress, KeyFunc, RequestView, Rule, compile_key
 
@@ -64,7 +66,7 @@ class RuleSet:
     ``retry_store_after`` go to every limiter.
     """
 
-    __slots__ = ("_entries", "asyncio", "owns_store", "rules", "store")
+    __slots__ = ("_entries", "_plain", "asyncio", "owns_store", "rules", "store")
 
     def __init__(
         self,
@@ -104,6 +106,16 @@ class RuleSet:
             )
             for rule in rules
         ]
+        # Several rules for every request (no method or path filter, one cost) on a
+        # MemoryStore: decided straight through the store's hit_many (see decide).
+        self._plain: list[tuple[Any, str, KeyFunc]] | None = None
+        if (
+            len(rules) > 1
+            and type(self.store) is MemoryStore
+            and all(rule.methods is None and rule.paths is None for rule in rules)
+            and len({rule.cost for rule in rules}) == 1
+        ):
+            self._plain = [(rule.algorithm, rule.name, key_of) for rule, key_of, _ in self._entries]
 
     @property
     def store_down(self) -> bool:
@@ -152,6 +164,13 @@ class RuleSet:
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Sync twin of :meth:`adecide` (on a MemoryStore, for async limiters too:
         nothing there is ever awaited)."""
+        plain = self._plain
+        if plain is not None:
+            # Every rule applies; names are unique and the store is one by construction.
+            limits = [(algorithm, name, key_of(view)) for algorithm, name, key_of in plain]
+            if all(key is not None for _, _, key in limits):
+                cost = check_cost(self.rules[0].cost)
+                return combined(self.store.hit_many(limits, cost))
         groups = self._groups(view, method, path)
         if len(groups) == 1:
             ((cost, items),) = groups.items()

@@ -172,34 +172,30 @@ class MemoryStore:
         per-client and a global limit on every request): the same decisions and
         stored states as ``decide`` through ``core.decide_group``, all or nothing.
         """
-        data = self._data
-        keys = [name + "\x00" + key for _, name, key in limits]
-        leases = [os.urandom(9).hex() if type(a) is Concurrency else "" for a, _, _ in limits]
+        data, put = self._data, self._put
+        rows = []  # (algorithm, name, store key, state, lease, outcome)
+        committed = True
         with self._lock:
             now = self._monotonic()
-            states = []
-            for skey in keys:
+            for algorithm, name, key in limits:
+                skey = name + "\x00" + key
                 entry = data.get(skey)
-                states.append(None if entry is None or entry[0] <= now else entry[1])
-            outcomes = [
-                a.advance(state, now, cost, lease)
-                for (a, _, _), state, lease in zip(limits, states, leases)
-            ]
-            committed = all(o[1] for o in outcomes)
+                state = None if entry is None or entry[0] <= now else entry[1]
+                lease = os.urandom(9).hex() if type(algorithm) is Concurrency else ""
+                outcome = algorithm.advance(state, now, cost, lease)
+                committed = committed and outcome[1]
+                rows.append((algorithm, name, skey, state, lease, outcome))
             if not committed:  # nothing taken: the admitting limits report their quota
-                outcomes = [
-                    a.advance(state, now, 0.0) if o[1] else o
-                    for (a, _, _), state, o in zip(limits, states, outcomes)
+                rows = [
+                    (a, n, k, s, "", a.advance(s, now, 0.0) if o[1] else o)
+                    for a, n, k, s, _, o in rows
                 ]
             elif cost > 0:
-                for skey, o in zip(keys, outcomes):
-                    self._put(skey, o[0], o[3], now)
+                for _, _, skey, _, _, o in rows:
+                    put(skey, o[0], o[3], now)
         return [
-            _new(
-                Decision,
-                (o[1], a.limit, o[2], o[3], o[4], name, a.window, (lease or None) if committed and o[1] else None, ()),
-            )
-            for (a, name, _), o, lease in zip(limits, outcomes, leases)
+            _new(Decision, (o[1], a.limit, o[2], o[3], o[4], n, a.window, lease or None, ()))
+            for a, n, _, _, lease, o in rows
         ]
 
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:

@@ -1,0 +1,242 @@
+# The proxy leg's callback path: the common request served without a task.
+#
+# Most gateway traffic is a bodyless request (GET, HEAD, DELETE, OPTIONS) on a
+# route with plain limits, to an upstream that has an idle keep-alive connection.
+# For those, everything but the two network hops is synchronous -- limits on the
+# MemoryStore, the breaker and the bulkhead of this process -- so the request is
+# decided in the server's parser callback, written to the upstream connection
+# there, and answered from the upstream parser's callbacks (_h1client.Sink). No
+# task, no coroutine, no ASGI message per request: on a loaded two-core box this
+# is most of the gateway's per-request cost (bench/bench_gateway.py).
+#
+# The rules are the proxy leg's (_proxy.py), called, not copied: route_of,
+# identify, limit_refusal, admit_now, request/response_headers, account. A request
+# that is anything else -- a body, a WebSocket, an idempotent or shaped route,
+# Concurrency limits, retries, a store that must be awaited, no idle connection,
+# a breaker or bulkhead that refuses or would make it wait -- is handed to the
+# ASGI path (handle_http) *before* anything was taken, so it is decided there once.
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._errors import CircuitOpen
+from ..server._refusal import Refusal
+from ..server._view import ScopeView
+from ._clients import client_id
+from ._h1client import H1Response, UpstreamConnectError
+from ._h1server import LeanCycle
+from ._proxy import _BUFFER, _BODYLESS, _Exchange, account, limit_refusal, route_of
+from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
+from ._upstream import Held, Target, UpstreamPool
+from ._wire import request_headers, response_headers
+
+__all__ = ["begin"]
+
+
+def _eligible(route: CompiledRoute) -> bool:
+    pool = route.upstream
+    rules = route.rules
+    return (
+        route.config.idempotency == "off"
+        and route.delay is None
+        and not route.leased
+        and (rules is None or rules.in_memory)
+        and pool.attempts == 1
+        and not pool._shared
+    )
+
+
+def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> LeanCycle | None:
+    """Serve the request of ``scope`` on the callback path; None: take the ASGI path."""
+    method = scope["method"]
+    if method not in _BODYLESS:
+        return None
+    for name, value in scope["headers"]:
+        if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
+            return None
+    route = route_of(rt, scope)
+    if route is None or not _eligible(route):
+        return None
+    pool = route.upstream
+    view = ScopeView(scope)
+    rule, key = rt.identity.identify(view)
+    ready = pool.pick_ready()
+    if ready is None:
+        return None
+    target, conn, undo = ready
+    client = client_id(key)
+    try:
+        held = pool.admit_now(client)
+    except CircuitOpen:
+        held = None
+    if not isinstance(held, Held):  # refused or would wait: the ASGI path decides
+        pool.client.idle(conn)
+        undo()
+        return None
+    started = time.perf_counter()
+    scope[CLIENT_KEY] = key
+    exchange = FastExchange(proto, scope, keep_alive, rt, route, pool, held, target, started)
+    ex = exchange.ex
+    ex.client, ex.rule, ex.upstream = client, rule, pool.name
+    if route.rules is not None:
+        decision = route.rules.decide(view, method, scope["path"])
+        if decision is not None and not decision.allowed:
+            pool.client.idle(conn)
+            undo()
+            exchange.refuse(limit_refusal(route, decision))
+            return exchange
+    headers = request_headers(scope, rt.identity.trusted_peer(view))
+    path = scope["raw_path"]
+    query = scope["query_string"]
+    exchange.sent = time.perf_counter()
+    exchange.response = pool.client.send_now(
+        conn, method, path + b"?" + query if query else path, headers, exchange
+    )
+    return exchange
+
+
+class FastExchange(LeanCycle):
+    """One request on the callback path: the server's cycle and the upstream's sink."""
+
+    def __init__(
+        self,
+        proto: Any,
+        scope: dict[str, Any],
+        keep_alive: bool,
+        rt: Runtime,
+        route: CompiledRoute,
+        pool: UpstreamPool,
+        held: Held,
+        target: Target,
+        started: float,
+    ) -> None:
+        super().__init__(
+            scope=scope,  # type: ignore[arg-type]
+            transport=proto.transport,
+            flow=proto.flow,
+            logger=proto.logger,
+            access_logger=proto.access_logger,
+            access_log=proto.access_log,
+            default_headers=proto.server_state.default_headers,
+            message_event=_NO_EVENT,  # type: ignore[arg-type]
+            expect_100_continue=False,
+            keep_alive=keep_alive,
+            on_response=proto.on_response_complete,
+        )
+        self.more_body = False
+        self.rt, self.route, self.pool, self.held, self.target = rt, route, pool, held, target
+        self.started = started
+        self.sent = 0.0
+        self.ex = _Exchange()
+        self.response: H1Response | None = None
+        self.whole = False  # the answer is small: its body goes out in one write
+        self.pending: list[bytes] = []
+        self.on_lost = self.lost
+
+    # -- the answer, from the upstream connection ---------------------------------------
+
+    def answer_head(self, response: H1Response) -> None:
+        self.rt.metrics.observe_latency(self.pool.name, time.perf_counter() - self.sent)
+        failed = response.status >= 500
+        self.pool.report(self.target, failed)
+        permit = self.held.permit
+        if permit is not None:
+            self.held.permit = None
+            permit.record(failure=failed)
+        self.ex.status = response.status
+        length = response.content_length
+        self.whole = length is not None and length <= _BUFFER
+        self.send_now(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": response_headers(response.raw_headers),
+            }
+        )
+
+    def answer_body(self, chunk: bytes) -> None:
+        if self.whole:
+            self.pending.append(chunk)
+            return
+        self.send_now({"type": "http.response.body", "body": chunk, "more_body": True})
+        if self.flow.write_paused and self.response is not None:
+            conn = self.response._conn
+            if conn is not None:
+                conn.pause()  # the client reads slower than the upstream writes
+
+    def answer_end(self) -> None:
+        self.ex.done = True
+        body = b"".join(self.pending) if self.pending else b""
+        self.send_now({"type": "http.response.body", "body": body})
+        self.finish()
+
+    def answer_error(self, exc: BaseException) -> None:
+        permit = self.held.permit
+        if self.ex.status == 0:  # nothing went out yet: a refusal can
+            self.pool.report(self.target, True)
+            if permit is not None:
+                self.held.permit = None
+                permit.record(failure=True)
+            name = self.pool.name
+            if isinstance(exc, TimeoutError) and not isinstance(exc, UpstreamConnectError):
+                refusal = Refusal.of(504, f"upstream {name!r} timed out", reason="upstream_timeout")
+            else:
+                refusal = Refusal.of(502, f"upstream {name!r} unreachable", reason="upstream_error")
+            self.refuse(refusal)
+            return
+        # The status line went out: the answer can only be cut.
+        self.ex.outcome = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error"
+        self.transport.close()
+        self.finish()
+
+    def resumed(self) -> None:
+        """The client's socket drained: read the upstream again."""
+        if self.response is not None and self.response._conn is not None:
+            self.response._conn.resume()
+
+    # -- the client ---------------------------------------------------------------------
+
+    def lost(self) -> None:
+        """The client went away before the answer was complete."""
+        response, self.response = self.response, None
+        if response is not None:
+            response.sink = None
+            response.release()  # an unfinished answer closes its connection
+        permit = self.held.permit
+        if permit is not None:
+            self.held.permit = None
+            permit.release()
+        self.ex.outcome, self.ex.status = "client_gone", 499
+        self.finish()
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer with ``refusal`` (the request did not reach the upstream)."""
+        ex = self.ex
+        ex.status, ex.outcome = refusal.status, refusal.reason
+        ex.done = True
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers]
+        headers.append((b"content-length", b"%d" % len(refusal.body)))
+        permit = self.held.permit
+        if permit is not None:
+            self.held.permit = None
+            permit.release()
+        self.send_now({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        self.send_now({"type": "http.response.body", "body": refusal.body})
+        self.finish()
+
+    def finish(self) -> None:
+        if self.held.admitted:
+            self.pool.done(self.held)
+            self.on_lost = None
+            account(self.rt, self.route, self.scope, self.ex, self.started)
+
+
+class _NoEvent:
+    """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
+
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT = _NoEvent()
