@@ -1,4 +1,6 @@
-"""The gateway under wrk at 50 connections: req/s, p50/p99, as ratios in one run.
+"""The gateway under wrk at 50 connections: req/s, p50/p99, as ratios in one run;
+then at one connection (the latency a proxy adds to one request), and for the
+Redis contender the store commands per request (INFO commandstats before/after).
 
 Contenders, all in front of the same upstream (an nginx worker answering a fixed
 200, so the upstream is never the bottleneck being measured):
@@ -148,12 +150,15 @@ def _gateway_config(path: Path, port: int, admin: int, upstream: int, store: str
     )
 
 
-def _wrk(port: int, seconds: int) -> tuple[float, float, float]:
+def _wrk(
+    port: int, seconds: int, connections: int = CONNECTIONS
+) -> tuple[float, float, float, int]:
+    """req/s, p50 ms, p99 ms and the number of requests of one wrk run."""
     out = subprocess.run(
         [
             "wrk",
-            "-t2",
-            f"-c{CONNECTIONS}",
+            f"-t{min(2, connections)}",
+            f"-c{connections}",
             f"-d{seconds}s",
             "--latency",
             f"http://127.0.0.1:{port}/",
@@ -165,7 +170,42 @@ def _wrk(port: int, seconds: int) -> tuple[float, float, float]:
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _ms(re.search(r"50%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"99%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
-    return rps, p50, p99
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    return rps, p50, p99, requests
+
+
+def _redis_commands(port: int) -> int | None:
+    """Commands the Redis server on ``port`` has run so far (INFO commandstats)."""
+    try:
+        import redis
+    except ImportError:
+        return None
+    client = redis.Redis(port=port)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    # The INFO calls of this count are not the gateway's.
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+class _Row:
+    """One contender: wrk at CONNECTIONS and at one connection, and store round trips."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rps = self.p50 = self.p99 = 0.0
+        self.p50_1 = self.p99_1 = 0.0
+        self.round_trips: float | None = None
+
+    def measure(self, port: int, seconds: int, redis_port: int | None = None) -> _Row:
+        before = _redis_commands(redis_port) if redis_port else None
+        self.rps, self.p50, self.p99, requests = _wrk(port, seconds)
+        after = _redis_commands(redis_port) if redis_port else None
+        if before is not None and after is not None and requests:
+            self.round_trips = (after - before) / requests
+        _, self.p50_1, self.p99_1, _ = _wrk(port, max(1, seconds // 2), connections=1)
+        return self
 
 
 def _ms(value: str) -> float:
@@ -200,13 +240,13 @@ def main(quick: bool) -> None:
     if not have_nginx:
         print("nginx is not installed (Debian package 'nginx'): nginx rows and upstream skipped")
         return
-    rows: list[tuple[str, float, float, float]] = []
+    rows: list[_Row] = []
     with tempfile.TemporaryDirectory(prefix="stormguard-bench-gw-") as tmp:
         workdir = Path(tmp)
         up_port = _free_port()
         cmd, _ = _nginx(workdir, "upstream", _upstream_block(up_port))
         with _process(cmd, up_port):
-            rows.append(("upstream direct", *_wrk(up_port, seconds)))
+            rows.append(_Row("upstream direct").measure(up_port, seconds))
             for name, limit in (("nginx pass-through", False), ("nginx + limit_req", True)):
                 port = _free_port()
                 cmd, _ = _nginx(
@@ -216,7 +256,7 @@ def main(quick: bool) -> None:
                 )
                 with _process(cmd, port):
                     _warm(port)
-                    rows.append((name, *_wrk(port, seconds)))
+                    rows.append(_Row(name).measure(port, seconds))
             stores = [("memory", "memory")]
             redis_server = shutil.which("redis-server")
             redis_port = _free_port()
@@ -246,18 +286,30 @@ def main(quick: bool) -> None:
                     env = {**os.environ}
                     with _process(_gateway_cmd(config), port, env=env):
                         _warm(port)
-                        rows.append((f"stormguard gateway ({label})", *_wrk(port, seconds)))
+                        row = _Row(f"stormguard gateway ({label})")
+                        rows.append(
+                            row.measure(port, seconds, redis_port if label == "redis" else None)
+                        )
             finally:
                 if redis_ctx is not None:
                     redis_ctx.__exit__(None, None, None)
-    peer = next(r for r in rows if r[0] == "nginx pass-through")
+    peer = next(r for r in rows if r.name == "nginx pass-through")
     direct = rows[0]
     print(f"wrk, {CONNECTIONS} connections, {seconds}s each; one worker per proxy")
     head = ("contender", "req/s", "p50 ms", "p99 ms", "vs nginx", "added p50")
     print(f"{head[0]:32} {head[1]:>10} {head[2]:>8} {head[3]:>8} {head[4]:>9} {head[5]:>10}")
-    for name, rps, p50, p99 in rows:
-        ratio, added = rps / peer[1], p50 - direct[2]
-        print(f"{name:32} {rps:10.0f} {p50:8.2f} {p99:8.2f} {ratio:8.2f}x {added:9.2f}ms")
+    for r in rows:
+        ratio, added = r.rps / peer.rps, r.p50 - direct.p50
+        print(f"{r.name:32} {r.rps:10.0f} {r.p50:8.2f} {r.p99:8.2f} {ratio:8.2f}x {added:9.2f}ms")
+    # At 50 connections p50 is mostly queueing (Little's law: 50 / throughput); one
+    # connection shows what a proxy adds to a single request.
+    print(f"\nwrk, 1 connection, {max(1, seconds // 2)}s each: the latency a proxy adds")
+    head = ("contender", "p50 ms", "p99 ms", "added p50", "store round trips/req")
+    print(f"{head[0]:32} {head[1]:>8} {head[2]:>8} {head[3]:>10} {head[4]:>22}")
+    for r in rows:
+        trips = f"{r.round_trips:22.3f}" if r.round_trips is not None else f"{'-':>22}"
+        added = (r.p50_1 - direct.p50_1) * 1000
+        print(f"{r.name:32} {r.p50_1:8.3f} {r.p99_1:8.3f} {added:8.0f}us {trips}")
 
 
 if __name__ == "__main__":

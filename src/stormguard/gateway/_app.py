@@ -82,11 +82,13 @@ class Gateway:
         if self._refresher is not None:
             self._refresher.cancel()
             self._refresher = None
+        self.metrics.flush()
         await self.runtime.aclose()
 
     async def _refresh(self) -> None:
         while True:
             try:
+                self.metrics.flush()
                 await self.runtime.refresh_gauges()
             except Exception:  # a store hiccup must not stop the gauges
                 log.debug("gauge refresh failed", exc_info=True)

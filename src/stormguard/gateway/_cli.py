@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -27,6 +29,12 @@ def _load(path: str, workers: int) -> object:
     return config
 
 
+def _workers(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--workers", type=click.IntRange(min=1), default=1, show_default=True, help=help_text
+    )
+
+
 @click.group(name="gateway", invoke_without_command=True)
 @click.option(
     "--config",
@@ -34,13 +42,7 @@ def _load(path: str, workers: int) -> object:
     type=click.Path(dir_okay=False),
     help="Gateway config file (YAML or TOML).",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Worker processes on one port.",
-)
+@_workers("Worker processes on one port.")
 @click.pass_context
 def gateway_group(ctx: click.Context, config_path: str | None, workers: int) -> None:
     """An HTTP + WebSocket gateway: limits, breakers, bulkheads, idempotency."""
@@ -61,13 +63,7 @@ def gateway_group(ctx: click.Context, config_path: str | None, workers: int) -> 
 
 @gateway_group.command(name="check")
 @click.argument("path", type=click.Path(dir_okay=False))
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Check for this many workers.",
-)
+@_workers("Check for this many workers.")
 def check_command(path: str, workers: int) -> None:
     """Validate a gateway config file; exit 0 when valid, 1 with every error otherwise."""
     config = _load(path, workers)

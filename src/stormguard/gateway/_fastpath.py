@@ -26,7 +26,7 @@ from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError
 from ._h1server import LeanCycle
-from ._proxy import _BUFFER, _BODYLESS, _Exchange, account, limit_refusal, route_of
+from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal, route_of
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
 from ._upstream import Held, Target, UpstreamPool
 from ._wire import request_headers, response_headers
@@ -111,19 +111,7 @@ class FastExchange(LeanCycle):
         target: Target,
         started: float,
     ) -> None:
-        super().__init__(
-            scope=scope,  # type: ignore[arg-type]
-            transport=proto.transport,
-            flow=proto.flow,
-            logger=proto.logger,
-            access_logger=proto.access_logger,
-            access_log=proto.access_log,
-            default_headers=proto.server_state.default_headers,
-            message_event=_NO_EVENT,  # type: ignore[arg-type]
-            expect_100_continue=False,
-            keep_alive=keep_alive,
-            on_response=proto.on_response_complete,
-        )
+        super().__init__(**proto.cycle_args(scope, keep_alive, _NO_EVENT))
         self.more_body = False
         self.rt, self.route, self.pool, self.held, self.target = rt, route, pool, held, target
         self.started = started
@@ -229,7 +217,7 @@ class FastExchange(LeanCycle):
         if self.held.admitted:
             self.pool.done(self.held)
             self.on_lost = None
-            account(self.rt, self.route, self.scope, self.ex, self.started)
+            account(self.rt, self.route, self.scope, self.ex, self.started)  # type: ignore[arg-type]
 
 
 class _NoEvent:

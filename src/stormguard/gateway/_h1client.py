@@ -17,17 +17,19 @@
 # * errors are ours: UpstreamConnectError (never sent; ConnectTimeout is one),
 #   UpstreamError (may have been processed) and ReadTimeout (a TimeoutError);
 # * read timeout = the longest silence while an answer is due; total = the whole
-#   exchange up to the last body byte.
+#   exchange up to the last body byte; both checked by one sweep per pool.
 from __future__ import annotations
 
 import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
+
+from ._config import Timeout
 
 __all__ = [
     "ConnectTimeout",
@@ -140,8 +142,9 @@ class H1Response:
             raise self._error
         waiter = self._waiter = asyncio.get_running_loop().create_future()
         await waiter
-        if self._error is not None and not self._chunks:
-            raise self._error
+        error: BaseException | None = self._error  # set while we waited
+        if error is not None and not self._chunks:
+            raise error
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -201,7 +204,6 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.drained: asyncio.Future[None] | None = None
         self.last_read = 0.0
-        self.timer: asyncio.TimerHandle | None = None
         self.deadline = 0.0  # loop time the whole exchange must end by (0: none)
 
     # -- asyncio.Protocol ---------------------------------------------------------------
@@ -324,28 +326,17 @@ class _Connection(asyncio.Protocol):
         now = loop.time()
         self.last_read = now
         self.deadline = now + total if total else 0.0
-        first = min(read, total) if total else read
-        self.timer = loop.call_at(now + first, self._check_timeout, read)
+        self.pool.watch(self)
 
-    def _check_timeout(self, read: float) -> None:
-        self.timer = None
-        now = self.pool.loop.time()
+    def check_timeout(self, now: float, read: float) -> None:
+        """Fail the exchange if the upstream has been silent (or slow) too long."""
         if self.deadline and now >= self.deadline:
             self._broken(ReadTimeout("the upstream did not finish within the total timeout"))
-            return
-        if now - self.last_read >= read:
+        elif now - self.last_read >= read:
             self._broken(ReadTimeout(f"the upstream was silent for {read:g} s"))
-            return
-        when = self.last_read + read
-        if self.deadline:
-            when = min(when, self.deadline)
-        self.timer = self.pool.loop.call_at(when, self._check_timeout, read)
 
     def _cancel_timer(self) -> None:
-        timer = self.timer
-        if timer is not None:
-            self.timer = None
-            timer.cancel()
+        self.pool.busy.discard(self)
 
     def _broken(self, exc: BaseException) -> None:
         response = self.response
@@ -395,28 +386,28 @@ class Sink(Protocol):
 
 
 class H1Pool:
-    """Keep-alive HTTP/1.1 connections to the targets of one upstream."""
+    """Keep-alive HTTP/1.1 connections to the targets of one upstream: at most
+    ``limit`` open, with the upstream's connect/read/total ``timeout``."""
 
-    def __init__(
-        self,
-        *,
-        limit: int = 100,
-        connect: float = 1.0,
-        read: float = 10.0,
-        total: float | None = None,
-    ) -> None:
+    def __init__(self, limit: int, timeout: Timeout) -> None:
         self.limit = limit
-        self.connect_timeout = connect
-        self.read_timeout = read
-        self.total_timeout = total
+        self.connect_timeout = timeout.connect
+        self.read_timeout = read = timeout.read
+        self.total_timeout = total = timeout.total
         self.open = 0
         self._endpoints: dict[str, _Endpoint] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._all: set[_Connection] = set()
         self._closed = False
         self._preparing = 0
+        self._started = False  # the loop is known (first request)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        # Exchanges waiting for an answer, checked by one sweep timer (not a timer
+        # per request): a timeout fires between 1 and 1.25 times its length.
+        self.busy: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweep_every = max(0.01, min(read, total or read) / 4)
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on first use
 
     # -- bookkeeping from the connections -----------------------------------------------
 
@@ -435,6 +426,19 @@ class H1Pool:
             if conn in idle:
                 idle.remove(conn)
             self._wake_one()
+
+    def watch(self, conn: _Connection) -> None:
+        self.busy.add(conn)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self.loop.time()
+        for conn in list(self.busy):
+            conn.check_timeout(now, self.read_timeout)
+        if self.busy and not self._closed:
+            self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -525,7 +529,12 @@ class H1Pool:
         grows to the concurrency the upstream sees. A failure is dropped: the proxy
         leg meets (and reports) it on its next request.
         """
-        if self._preparing >= _PREPARING or self.open >= self.limit or self._closed:
+        if (
+            self._preparing >= _PREPARING
+            or self.open >= self.limit
+            or self._closed
+            or not self._started
+        ):
             return
         self._preparing += 1
         task = self.loop.create_task(self._prepare(self._endpoint(base)))
@@ -573,7 +582,8 @@ class H1Pool:
         ``headers`` go as they are, after ``Host`` (the target's). A bytes body is
         sent with Content-Length, an async iterable chunked.
         """
-        if self.loop is None:
+        if not self._started:
+            self._started = True
             self.loop = asyncio.get_running_loop()
         endpoint = self._endpoint(base)
         head = self._head(endpoint, method, target, headers, body)
@@ -605,7 +615,13 @@ class H1Pool:
         headers: list[tuple[bytes, bytes]],
         body: Body,
     ) -> bytes:
-        parts = [method.encode("ascii"), b" ", endpoint.prefix, target or b"/", b" HTTP/1.1\r\nhost: "]
+        parts = [
+            method.encode("ascii"),
+            b" ",
+            endpoint.prefix,
+            target or b"/",
+            b" HTTP/1.1\r\nhost: ",
+        ]
         parts.append(endpoint.host_header)
         parts.append(b"\r\n")
         for name, value in headers:
@@ -647,6 +663,9 @@ class H1Pool:
     async def close(self) -> None:
         """Close every connection."""
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for task in list(self._tasks):
             task.cancel()
         for conn in list(self._all):
@@ -655,4 +674,3 @@ class H1Pool:
             if not waiter.done():
                 waiter.cancel()
         self._waiters.clear()
-

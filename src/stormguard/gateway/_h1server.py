@@ -4,8 +4,9 @@
 # graceful shutdown, pipelining, flow control and the WebSocket upgrade; this
 # changes only what one request costs:
 #
-# * one timer per request instead of two: the request-head deadline
-#   (`header_timeout`, a slowloris is cut) and the keep-alive deadline share it;
+# * no timer per request: the request-head deadline (`header_timeout`, a
+#   slowloris is cut) and the keep-alive deadline are one, checked by one sweep
+#   per listener (so they fire up to a quarter late);
 # * the response head is written together with the first body bytes (one write
 #   and one segment for a small answer, not two), without uvicorn's per-header
 #   regular expressions (the gateway's headers are its own or came through
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import (
@@ -50,7 +51,9 @@ class LeanCycle(RequestResponseCycle):
         kind = message["type"]
         if not self.response_started:
             if kind != "http.response.start":
-                raise RuntimeError(f"Expected ASGI message 'http.response.start', but got {kind!r}.")
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.start', but got {kind!r}."
+                )
             self.response_started = True
             self.waiting_for_100_continue = False
             self._head = self._render(message["status"], message.get("headers", ()))
@@ -117,38 +120,51 @@ class GatewayProtocol(HttpToolsProtocol):
 
     header_timeout = 10.0
     fast: Callable[[Any, Any, bool], Any] | None = None
-    _timer: asyncio.TimerHandle | None = None
+    # Per listener class (gateway_protocol): the connections waiting for a request
+    # head, and the one timer that sweeps them.
+    _watched: ClassVar[set[GatewayProtocol]] = set()
+    _sweeper: ClassVar[asyncio.TimerHandle | None] = None
+    _sweep_every = 1.0
     _armed_at = 0.0
     _begun = False  # a request began since the timer was armed
     _idle_close = False  # the timer also stands for the keep-alive deadline
 
-    # -- the one deadline ---------------------------------------------------------------
+    # -- the one deadline, checked by a sweep ---------------------------------------------
 
     def _arm(self, keep_alive: bool) -> None:
-        self._disarm()
         self._begun = False
         self._idle_close = keep_alive
         self._armed_at = self.loop.time()
-        delay = min(self.header_timeout, self.timeout_keep_alive) if keep_alive else None
-        self._timer = self.loop.call_later(delay or self.header_timeout, self._expired)
+        watched = self._watched
+        watched.add(self)
+        cls = type(self)
+        if cls._sweeper is None:
+            cls._sweeper = self.loop.call_later(cls._sweep_every, cls._sweep, self.loop)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._watched.discard(self)
 
-    def _expired(self) -> None:
-        self._timer = None
+    @classmethod
+    def _sweep(cls, loop: asyncio.AbstractEventLoop) -> None:
+        cls._sweeper = None
+        now = loop.time()
+        for proto in list(cls._watched):
+            proto._check(now)
+        if cls._watched:
+            cls._sweeper = loop.call_later(cls._sweep_every, cls._sweep, loop)
+
+    def _check(self, now: float) -> None:
         if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is being served
-        if self._idle_close and not self._begun:
-            self.transport.close()  # idle past the keep-alive timeout
+            self._disarm()  # a request is being served
             return
-        left = self._armed_at + self.header_timeout - self.loop.time()
-        if left <= 0:
-            self.transport.close()  # the request head did not arrive in time
-        else:
-            self._timer = self.loop.call_later(left, self._expired)
+        waited = now - self._armed_at
+        if self._idle_close and not self._begun:
+            expired = waited >= min(self.header_timeout, self.timeout_keep_alive)
+        else:  # the request head did not arrive in time
+            expired = waited >= self.header_timeout
+        if expired:
+            self._disarm()
+            self.transport.close()
 
     # -- the protocol -------------------------------------------------------------------
 
@@ -207,25 +223,29 @@ class GatewayProtocol(HttpToolsProtocol):
             if fast is not None:
                 self.cycle = fast
                 return
-        cycle = self.cycle = LeanCycle(
-            scope=scope,
-            transport=self.transport,
-            flow=self.flow,
-            logger=self.logger,
-            access_logger=self.access_logger,
-            access_log=self.access_log,
-            default_headers=self.server_state.default_headers,
-            message_event=asyncio.Event(),
-            expect_100_continue=self.expect_100_continue,
-            keep_alive=keep_alive,
-            on_response=self.on_response_complete,
-        )
+        cycle = self.cycle = LeanCycle(**self.cycle_args(scope, keep_alive, asyncio.Event()))
         scope[DISCONNECT] = cycle
         if existing is None or existing.response_complete:
             self._start_asgi_task(cycle, self.app)
         else:  # pipelined: wait for the answer in progress
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, self.app))
+
+    def cycle_args(self, scope: Any, keep_alive: bool, message_event: Any) -> dict[str, Any]:
+        """The keywords of a request cycle on this connection."""
+        return {
+            "scope": scope,
+            "transport": self.transport,
+            "flow": self.flow,
+            "logger": self.logger,
+            "access_logger": self.access_logger,
+            "access_log": self.access_log,
+            "default_headers": self.server_state.default_headers,
+            "message_event": message_event,
+            "expect_100_continue": self.expect_100_continue,
+            "keep_alive": keep_alive,
+            "on_response": self.on_response_complete,
+        }
 
     def on_response_complete(self) -> None:
         self.server_state.total_requests += 1
@@ -242,4 +262,9 @@ class GatewayProtocol(HttpToolsProtocol):
 
 def gateway_protocol(header_timeout: float) -> type[GatewayProtocol]:
     """The protocol class for a listener with this request-head deadline."""
-    return type("GatewayProtocol", (GatewayProtocol,), {"header_timeout": header_timeout})
+    every = max(0.05, min(header_timeout, 5.0) / 4)
+    return type(
+        "GatewayProtocol",
+        (GatewayProtocol,),
+        {"header_timeout": header_timeout, "_watched": set(), "_sweep_every": every},
+    )

@@ -10,9 +10,12 @@
 # client -- always the 8-hex-digit SHA-256 prefix of the key, never the key.
 from __future__ import annotations
 
+import math
 import os
 import time
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -32,45 +35,81 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
+# attribute -> (metric name after "stormguard_gateway_", help, labels, multiprocess mode)
+_COUNTERS = {
+    "requests": (
+        "requests",
+        "Requests by route and outcome (allowed or the refusal reason).",
+        ("route", "outcome"),
+    ),
+    "refused_clients": (
+        "client_refusals",
+        "Refusals by client (SHA-256 prefix of the key) and reason.",
+        ("client", "reason"),
+    ),
+    "ws_messages": (
+        "websocket_messages",
+        "WebSocket messages passed by route and direction.",
+        ("route", "direction"),
+    ),
+}
+_GAUGES = {
+    "in_flight": (
+        "upstream_in_flight",
+        "Requests holding an upstream now.",
+        ("upstream",),
+        "livesum",
+    ),
+    "bulkhead_limit": (
+        "bulkhead_limit",
+        "Bulkhead limit of an upstream (per process).",
+        ("upstream",),
+        "livesum",
+    ),
+    "breaker": (
+        "breaker_state",
+        "Breaker state: 0 closed, 1 half-open, 2 open.",
+        ("upstream",),
+        "livemax",
+    ),
+    "websockets": (
+        "websocket_connections",
+        "Open WebSocket connections by route.",
+        ("route",),
+        "livesum",
+    ),
+    "store_down": (
+        "store_unavailable",
+        "1 while the shared store is unreachable (decisions follow on_store_error).",
+        (),
+        "livemax",
+    ),
+}
+
+
 class GatewayMetrics:
     """The gateway's metrics in one registry; children cached per label set."""
 
+    requests: Counter
+    refused_clients: Counter
+    ws_messages: Counter
+    in_flight: Gauge
+    bulkhead_limit: Gauge
+    breaker: Gauge
+    websockets: Gauge
+    store_down: Gauge
+
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            "stormguard_gateway_requests",
-            "Requests by route and outcome (allowed or the refusal reason).",
-            ("route", "outcome"),
-            registry=r,
-        )
-        self.refused_clients = Counter(
-            "stormguard_gateway_client_refusals",
-            "Refusals by client (SHA-256 prefix of the key) and reason.",
-            ("client", "reason"),
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "stormguard_gateway_upstream_in_flight",
-            "Requests holding an upstream now.",
-            ("upstream",),
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.bulkhead_limit = Gauge(
-            "stormguard_gateway_bulkhead_limit",
-            "Bulkhead limit of an upstream (per process).",
-            ("upstream",),
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.breaker = Gauge(
-            "stormguard_gateway_breaker_state",
-            "Breaker state: 0 closed, 1 half-open, 2 open.",
-            ("upstream",),
-            registry=r,
-            multiprocess_mode="livemax",
-        )
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        counters: Mapping[str, tuple[str, str, tuple[str, ...]]] = _COUNTERS
+        for attr, (name, doc, labels) in counters.items():
+            setattr(self, attr, Counter(f"stormguard_gateway_{name}", doc, labels, registry=r))
+        gauges: Mapping[str, tuple[str, str, tuple[str, ...], Any]] = _GAUGES
+        for attr, (name, doc, labels, mode) in gauges.items():
+            gauge = Gauge(
+                f"stormguard_gateway_{name}", doc, labels, registry=r, multiprocess_mode=mode
+            )
+            setattr(self, attr, gauge)
         self.latency = Histogram(
             "stormguard_gateway_upstream_latency_seconds",
             "Time to the upstream's response headers.",
@@ -78,41 +117,49 @@ class GatewayMetrics:
             registry=r,
             buckets=_LATENCY_BUCKETS,
         )
-        self.websockets = Gauge(
-            "stormguard_gateway_websocket_connections",
-            "Open WebSocket connections by route.",
-            ("route",),
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.ws_messages = Counter(
-            "stormguard_gateway_websocket_messages",
-            "WebSocket messages passed by route and direction.",
-            ("route", "direction"),
-            registry=r,
-        )
-        self.store_down = Gauge(
-            "stormguard_gateway_store_unavailable",
-            "1 while the shared store is unreachable (decisions follow on_store_error).",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self._outcomes: dict[tuple[str, str], Any] = {}
-        self._latency: dict[str, Any] = {}
+        # Per-request counts are kept here and handed to prometheus-client in
+        # batches (flush): a labelled inc() or observe() takes a lock and, for the
+        # histogram, walks the buckets in Python -- per request, a visible share of
+        # the proxy leg's cost. Readers of this registry flush first. With several
+        # workers each count goes to the shared files at once, as before.
+        self._counts: dict[tuple[str, str], int] = {}
+        self._latencies: dict[str, list[float]] = {}  # upstream -> bucket counts + [sum]
+        self._bounds = [*_LATENCY_BUCKETS, math.inf]
+        # With --workers N the admin listener reads other processes' files: no batch.
+        self._batch = multiprocess_dir() is None
 
     def count(self, route: str, outcome: str) -> None:
         """One request of ``route`` ended with ``outcome``."""
-        child = self._outcomes.get((route, outcome))
-        if child is None:
-            child = self._outcomes[(route, outcome)] = self.requests.labels(route, outcome)
-        child.inc()
+        key = (route, outcome)
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+        if not self._batch:
+            self.flush()
 
     def observe_latency(self, upstream: str, seconds: float) -> None:
         """Time to an upstream's response headers."""
-        child = self._latency.get(upstream)
-        if child is None:
-            child = self._latency[upstream] = self.latency.labels(upstream)
-        child.observe(seconds)
+        row = self._latencies.get(upstream)
+        if row is None:
+            row = self._latencies[upstream] = [0.0] * (len(self._bounds) + 1)
+        row[bisect_left(self._bounds, seconds)] += 1
+        row[-1] += seconds
+        if not self._batch:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the counts gathered since the last flush to the registry."""
+        counts, self._counts = self._counts, {}
+        for (route, outcome), n in counts.items():
+            self.requests.labels(route, outcome).inc(n)
+        latencies, self._latencies = self._latencies, {}
+        for upstream, row in latencies.items():
+            child: Any = self.latency.labels(upstream)
+            # The histogram's own cells (bucket i counts values <= bound i, as
+            # observe() would put them; the exposition accumulates).
+            for i, count in enumerate(row[:-1]):
+                if count:
+                    child._buckets[i].inc(count)
+            child._sum.inc(row[-1])
 
 
 _RATE_WINDOW = 10.0  # seconds of /status history behind requests_per_second
@@ -162,6 +209,7 @@ class StatusBuilder:
             MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
             return merged
         assert self._metrics is not None
+        self._metrics.flush()
         return self._metrics.registry
 
     def metrics_text(self) -> bytes:

@@ -157,7 +157,8 @@ async def _serve(
             return
     try:
         if route.config.idempotency != "off":
-            await _idempotent(rt, route, scope, receive, send, ex, length)
+            scope[_EXCHANGE] = (rt, route, ex, length)
+            await _idempotent(scope, receive, send)
             return
         await _to_upstream(rt, route, route.upstream, scope, receive, send, ex, length)
     finally:
@@ -172,7 +173,9 @@ def limit_refusal(route: CompiledRoute, decision: Any) -> Refusal:
     """429 over a limit; 503 when the store is down and the limits fail closed."""
     assert route.rules is not None
     if route.rules.store_down and route.rules.fails_closed:
-        return unavailable(decision.retry_after, "store_unavailable", "limits cannot be checked now")
+        return unavailable(
+            decision.retry_after, "store_unavailable", "limits cannot be checked now"
+        )
     return rate_limited(decision, "ietf")
 
 
@@ -186,18 +189,11 @@ _IDEMPOTENCY_REASONS = {
 _EXCHANGE = "stormguard.exchange"
 
 
-async def _idempotent(
-    rt: Runtime,
-    route: CompiledRoute,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    ex: _Exchange,
-    length: int | None,
-) -> None:
+async def _idempotent(scope: Scope, receive: Receive, send: Send) -> None:
     # The server side's IdempotencyMiddleware around the upstream leg: the claim per
     # (client, key), 409 while in flight, 422 on a changed request, the replay, 5xx
     # released, fail closed when the store is down. Its own answers are refusals.
+    rt, route, ex, _ = scope[_EXCHANGE]
     middleware = route.idempotency
     if middleware is None:
         pool = route.upstream
@@ -211,7 +207,6 @@ async def _idempotent(
             max_body=route.max_body,
             lease=max(lease, 1.0) + 5.0,
         )
-    scope[_EXCHANGE] = (rt, route, ex, length)
 
     async def observed(message: Message) -> None:
         if message["type"] == "http.response.start" and not ex.upstream:
@@ -255,7 +250,7 @@ async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
         if loop.time() + decision.retry_after > deadline:
             break
         await asyncio.sleep(decision.retry_after)
-        decision = await route.rules.adecide(view, scope["method"], scope["path"])
+        decision = await rules.adecide(view, scope["method"], scope["path"])
     return decision
 
 

@@ -67,14 +67,9 @@ class UpstreamPool:
         self.in_flight = 0
         b = settings.breaker
         self.breaker: CircuitBreaker | None = None
-        if b is not None:
+        if b is not None:  # the settings' fields are CircuitBreaker's own keywords
             self.breaker = CircuitBreaker(
-                failure_rate=b.failure_rate,
-                min_calls=b.min_calls,
-                window=b.window,
-                open_for=b.open_for,
-                open_for_max=b.open_for_max,
-                half_open_probes=b.half_open_probes,
+                **b.model_dump(),
                 store=store,
                 name=f"gateway:{name}" if store is not None else name,
                 listeners=(on_breaker_event,) if on_breaker_event else (),
@@ -102,15 +97,10 @@ class UpstreamPool:
             # store round trip on every request (only the small reserve scales with
             # the number of processes).
             self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
-        t = settings.timeout
         # The proxy leg's keep-alive connections (_h1client.py); aiohttp's session is
         # made only for the WebSocket leg.
-        self.client = H1Pool(
-            limit=settings.bulkhead.limit if settings.bulkhead else 100,
-            connect=t.connect,
-            read=t.read,
-            total=t.total,
-        )
+        limit = settings.bulkhead.limit if settings.bulkhead else 100
+        self.client = H1Pool(limit, settings.timeout)
         self._session: aiohttp.ClientSession | None = None
 
     # -- admission -----------------------------------------------------------------
@@ -185,8 +175,7 @@ class UpstreamPool:
         conn = self.client.take_idle(target.base)
         if conn is None:
             self._next = turn
-            if self.client.loop is not None:
-                self.client.prepare(target.base)  # one idle next time
+            self.client.prepare(target.base)  # one idle next time
             return None
 
         def undo() -> None:

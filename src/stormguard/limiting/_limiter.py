@@ -230,7 +230,17 @@ def combined(parts: list[Decision]) -> Decision:
     b = min(parts, key=_remaining)  # the limit with the least remaining binds
     return _new(
         Decision,
-        (True, b.limit, b.remaining, b.reset_after, b.retry_after, b.name, b.window, None, tuple(parts)),
+        (
+            True,
+            b.limit,
+            b.remaining,
+            b.reset_after,
+            b.retry_after,
+            b.name,
+            b.window,
+            None,
+            tuple(parts),
+        ),
     )
 
 

@@ -143,22 +143,21 @@ def _token_bucket(
     skeys = _StoreKeys(name + "\x00", table.max_keys)
 
     def hit(key: str, cost: float = 1.0) -> Decision:
+        skey = skeys[key]
         if not 0 < cost <= burst:
             return slow(key, cost)
-        skey = skeys[key]
         with lock:
-            now = monotonic()
+            now = stamp = monotonic()
             entry = data.get(skey)
-            stamp = now
-            if entry is None or entry[0] <= now:
-                tokens = burst
-            else:
-                tokens, last = entry[1]
+            if entry is not None and entry[0] > now:  # a live state: refill it
+                last = entry[1][1]
                 if stamp < last:
                     stamp = last
-                tokens += (stamp - last) * rate
+                tokens = entry[1][0] + (stamp - last) * rate
                 if tokens > burst:
                     tokens = burst
+            else:
+                tokens = burst
             if cost > tokens + EPSILON:
                 remaining = tokens if tokens > 0.0 else 0.0
                 reset = (burst - tokens) / rate
