@@ -620,18 +620,18 @@ class H1Pool:
             b" ",
             endpoint.prefix,
             target or b"/",
-            b" HTTP/1.1\r\nhost: ",
+            b" HTTP/1.1\r\nHost: ",
         ]
         parts.append(endpoint.host_header)
         parts.append(b"\r\n")
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
         if isinstance(body, bytes):
-            parts.append(b"content-length: %d\r\n\r\n" % len(body))
+            parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
         elif body is None:
-            parts.append(b"\r\n" if method in _IDEMPOTENT else b"content-length: 0\r\n\r\n")
+            parts.append(b"\r\n" if method in _IDEMPOTENT else b"Content-Length: 0\r\n\r\n")
         else:
-            parts.append(b"transfer-encoding: chunked\r\n\r\n")
+            parts.append(b"Transfer-Encoding: chunked\r\n\r\n")
         return b"".join(parts)
 
     async def _exchange(

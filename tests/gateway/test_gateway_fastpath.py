@@ -1,0 +1,132 @@
+"""The callback path (_fastpath.py) and the lean server cycle (_h1server.py)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from stormguard.gateway._config import parse_config
+from stormguard.gateway._fastpath import begin
+from stormguard.gateway._metrics import GatewayMetrics
+from stormguard.gateway._runtime import Runtime
+
+Factory = Callable[..., Any]
+
+
+def _gateway(gateway_factory: Factory, up: Any, **upstream: Any) -> Any:
+    config = {
+        "upstreams": {"a": {"url": up.url, **upstream}},
+        "routes": [{"path": "/", "upstream": "a"}],
+    }
+    return gateway_factory(config)
+
+
+def _read_answers(sock: socket.socket, n: int) -> list[bytes]:
+    data = b""
+    while data.count(b"HTTP/1.1 ") < n or not data.endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return [b"HTTP/1.1 " + part for part in data.split(b"HTTP/1.1 ")[1:]]
+
+
+def test_pipelined_requests_are_answered_in_order(
+    upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """Two requests sent in one write come back in order on the same connection."""
+    up = upstream_factory()
+    gw = _gateway(gateway_factory, up)
+    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
+    with socket.create_connection(("127.0.0.1", gw.http_port), timeout=10) as sock:
+        sock.sendall(
+            b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?n=2 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        answers = _read_answers(sock, 2)
+    assert [a.split(b"\r\n")[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 2
+    assert b'"/echo?n=1"' in answers[0] and b'"/echo?n=2"' in answers[1]
+
+
+def test_head_and_streamed_answers_on_a_warm_connection(
+    upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """HEAD keeps the length and sends no body; a chunked answer streams through whole."""
+    up = upstream_factory()
+    gw = _gateway(gateway_factory, up)
+    with httpx.Client() as client:
+        assert client.get(f"{gw.url}/echo").status_code == 200
+        head = client.head(f"{gw.url}/big?n=1000")
+        assert head.status_code == 200 and head.headers["content-length"] == "1000"
+        assert head.content == b""
+        with client.stream("GET", f"{gw.url}/stream?n=3") as answer:
+            assert answer.headers["via"].endswith("1.1 stormguard")
+            assert b"".join(answer.iter_bytes()) == b"chunk0\nchunk1\nchunk2\n"
+        assert client.get(f"{gw.url}/big?n=70000").content == b"x" * 70000
+
+
+def test_vanished_client_on_a_warm_connection_frees_its_slot(
+    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
+) -> None:
+    """A client gone mid-request frees the bulkhead slot and ends the upstream call."""
+    up = upstream_factory()
+    gw = _gateway(gateway_factory, up, bulkhead={"limit": 1})
+    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
+    sock = socket.create_connection(("127.0.0.1", gw.http_port))
+    sock.sendall(b"GET /slow?s=30 HTTP/1.1\r\nHost: x\r\n\r\n")
+    eventually(lambda: up.seen()["in_flight"] == 1)
+    sock.close()
+    eventually(lambda: up.seen()["in_flight"] == 0)
+    eventually(lambda: gw.status()["upstreams"]["a"]["in_flight"] == 0)
+    assert httpx.get(f"{gw.url}/echo").status_code == 200
+    eventually(lambda: gw.status()["routes"]["/"].get("client_gone") == 1)
+
+
+CONFIG = {
+    "upstreams": {"a": {"targets": ["http://127.0.0.1:9", "http://127.0.0.1:10"]}},
+    "limits": {"pc": {"algorithm": "token_bucket", "rate": 1, "burst": 5, "per": "client"}},
+    "routes": [
+        {"path": "/keyed", "upstream": "a", "idempotency": "honor"},
+        {"path": "/", "upstream": "a", "limits": ["pc"]},
+    ],
+}
+
+
+def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> Any:
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "client": ("127.0.0.1", 5000),
+        "scheme": "http",
+        "headers": [(b"host", b"gw"), *(headers or [])],
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("POST", "/x", []),  # a body may come
+        ("GET", "/x", [(b"content-length", b"3")]),
+        ("GET", "/x", [(b"transfer-encoding", b"chunked")]),
+        ("GET", "/keyed", []),  # an idempotency route
+        ("GET", "/x", []),  # no idle upstream connection yet
+    ],
+)
+def test_other_requests_go_to_the_asgi_path_untouched(
+    method: str, path: str, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Anything but the common case is handed over before a limit or a turn is taken."""
+    runtime = Runtime(parse_config(yaml.safe_dump(CONFIG)), GatewayMetrics())
+    pool = runtime.upstreams["a"]
+    turn = pool._next
+    assert begin(runtime, None, _scope(method, path, headers), True) is None
+    assert pool._next == turn  # round robin: the ASGI path takes this turn
+    assert pool.in_flight == 0
+    assert runtime.store._data == {}  # no limit was charged

@@ -1,0 +1,230 @@
+"""The proxy leg's upstream client (_h1client.py) against scripted loopback servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from stormguard.gateway._config import Timeout
+from stormguard.gateway._h1client import (
+    H1Pool,
+    H1Response,
+    ReadTimeout,
+    UpstreamConnectError,
+    UpstreamError,
+)
+
+Script = Callable[[bytes, asyncio.Transport], None]
+
+
+class Upstream:
+    """A loopback server answering each request head with ``script(head, transport)``."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Upstream:
+        upstream = self
+
+        class Protocol(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                upstream.connections += 1
+                self.transport = transport
+                self.buffer = b""
+
+            def data_received(self, data: bytes) -> None:
+                self.buffer += data
+                while b"\r\n\r\n" in self.buffer:
+                    head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+                    upstream.requests.append(head)
+                    upstream.script(head, self.transport)  # type: ignore[arg-type]
+
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(Protocol, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def base(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+def ok(body: bytes = b"ok", extra: bytes = b"") -> Script:
+    def answer(head: bytes, transport: asyncio.Transport) -> None:
+        payload = b"" if head.startswith(b"HEAD ") else body  # HEAD: the length, no body
+        transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, payload)
+        )
+
+    return answer
+
+
+def pool(read: float = 5.0, limit: int = 10) -> H1Pool:
+    return H1Pool(limit, Timeout(connect=1.0, read=read))
+
+
+async def get(client: H1Pool, base: str, path: bytes = b"/") -> tuple[H1Response, bytes]:
+    response = await client.request(base, "GET", path, [(b"x-test", b"1")])
+    return response, await response.read()
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    """Sequential requests to one target travel over one connection."""
+    async with Upstream(ok()) as up:
+        client = pool()
+        for _ in range(3):
+            response, body = await get(client, up.base)
+            assert (response.status, body) == (200, b"ok")
+        assert up.connections == 1
+        assert up.requests[0].startswith(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert b"x-test: 1" in up.requests[0]
+        await client.close()
+
+
+async def test_connection_close_is_not_reused() -> None:
+    """An answer with Connection: close is read whole and its connection dropped."""
+    async with Upstream(ok(extra=b"connection: close\r\n")) as up:
+        client = pool()
+        for _ in range(2):
+            _, body = await get(client, up.base)
+            assert body == b"ok"
+        assert up.connections == 2
+        await client.close()
+
+
+async def test_chunked_answer_streams_in_pieces() -> None:
+    """A chunked answer arrives piece by piece and the connection is kept after it."""
+
+    def chunked(head: bytes, transport: asyncio.Transport) -> None:
+        transport.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in (b"one", b"two", b"three"):
+            transport.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        transport.write(b"0\r\n\r\n")
+
+    async with Upstream(chunked) as up:
+        client = pool()
+        response = await client.request(up.base, "GET", b"/", [])
+        assert response.content_length is None
+        assert b"".join([chunk async for chunk in response.chunks()]) == b"onetwothree"
+        await get(client, up.base)
+        assert up.connections == 1
+        await client.close()
+
+
+async def test_body_until_close_ends_with_the_connection() -> None:
+    """An answer without a length is the bytes up to the upstream's close."""
+
+    def until_close(head: bytes, transport: asyncio.Transport) -> None:
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\nall of it")
+        transport.close()
+
+    async with Upstream(until_close) as up:
+        client = pool()
+        _, body = await get(client, up.base)
+        assert body == b"all of it"
+        await client.close()
+
+
+async def test_upstream_dying_mid_answer_is_an_error() -> None:
+    """A connection lost before the announced length arrived raises UpstreamError."""
+
+    def dies(head: bytes, transport: asyncio.Transport) -> None:
+        transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        transport.close()
+
+    async with Upstream(dies) as up:
+        client = pool()
+        response = await client.request(up.base, "GET", b"/", [])
+        with pytest.raises(UpstreamError):
+            await response.read()
+        await client.close()
+
+
+async def test_silent_upstream_is_a_read_timeout() -> None:
+    """An upstream that never answers raises ReadTimeout (a TimeoutError)."""
+    async with Upstream(lambda head, transport: None) as up:
+        client = pool(read=0.1)
+        with pytest.raises(ReadTimeout) as raised:
+            await client.request(up.base, "GET", b"/", [])
+        assert isinstance(raised.value, TimeoutError)
+        await client.close()
+
+
+async def test_refused_connection_is_never_sent() -> None:
+    """No listener: UpstreamConnectError, which says the request was not sent."""
+    async with Upstream(ok()) as up:
+        base = up.base
+    client = pool()
+    with pytest.raises(UpstreamConnectError):
+        await client.request(base, "GET", b"/", [])
+    await client.close()
+
+
+async def test_stale_keep_alive_connection_is_retried_once_for_get() -> None:
+    """A reused connection the upstream closed while idle: a GET goes out again, fresh."""
+    state = {"n": 0}
+
+    def close_after_first(head: bytes, transport: asyncio.Transport) -> None:
+        state["n"] += 1
+        ok()(head, transport)
+        if state["n"] == 1:
+            asyncio.get_running_loop().call_soon(transport.close)
+
+    async with Upstream(close_after_first) as up:
+        client = pool()
+        await get(client, up.base)
+        await asyncio.sleep(0.05)  # let the close reach the client
+        _, body = await get(client, up.base)
+        assert body == b"ok" and up.connections == 2
+        await client.close()
+
+
+async def test_streamed_request_body_is_chunked() -> None:
+    """An async iterable body goes out with Transfer-Encoding: chunked."""
+    seen: list[bytes] = []
+
+    def answer_after_body(head: bytes, transport: asyncio.Transport) -> None:
+        seen.append(head)
+        ok()(head, transport)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"abc"
+        yield b"de"
+
+    async with Upstream(answer_after_body) as up:
+        client = pool()
+        response = await client.request(up.base, "POST", b"/up", [], body())
+        assert response.status == 200
+        assert b"Transfer-Encoding: chunked" in seen[0]
+        await client.close()
+
+
+async def test_head_answer_has_no_body_and_the_connection_is_kept() -> None:
+    """HEAD: the announced length is not read; the next request reuses the connection."""
+    async with Upstream(ok(b"twelve bytes")) as up:
+        client = pool()
+        response = await client.request(up.base, "HEAD", b"/", [])
+        assert response.content_length == 0 and await response.read() == b""
+        _, body = await get(client, up.base)
+        assert body == b"twelve bytes" and up.connections == 1
+        await client.close()
+
+
+async def test_pool_limit_makes_requests_wait_for_a_connection() -> None:
+    """With limit=1 two concurrent requests share one connection, one after the other."""
+    async with Upstream(ok()) as up:
+        client = pool(limit=1)
+        results = await asyncio.gather(get(client, up.base), get(client, up.base))
+        assert [body for _, body in results] == [b"ok", b"ok"]
+        assert up.connections == 1
+        await client.close()
