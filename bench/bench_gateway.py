@@ -1,6 +1,6 @@
 """The gateway under wrk at 50 connections: req/s, p50/p99, as ratios in one run;
 then at one connection (the latency a proxy adds to one request), and for the
-Redis contender the store commands per request (INFO commandstats before/after).
+Redis contender the commands it sends Redis per request (counted with MONITOR).
 
 Contenders, all in front of the same upstream (an nginx worker answering a fixed
 200, so the upstream is never the bottleneck being measured):
@@ -174,19 +174,30 @@ def _wrk(
     return rps, p50, p99, requests
 
 
-def _redis_commands(port: int) -> int | None:
-    """Commands the Redis server on ``port`` has run so far (INFO commandstats)."""
-    try:
-        import redis
-    except ImportError:
+def _redis_round_trips(port: int, gateway: int, seconds: int) -> float | None:
+    """Commands the gateway sent Redis per request, under wrk at CONNECTIONS.
+
+    Watched with MONITOR, which marks the commands a Lua script runs inside Redis
+    (`[0 lua]`): those are not round trips, the EVALSHA that ran them is. A run of
+    its own, since MONITOR slows Redis down.
+    """
+    if shutil.which("redis-cli") is None:
         return None
-    client = redis.Redis(port=port)
-    try:
-        stats = client.info("commandstats")
-    finally:
-        client.close()
-    # The INFO calls of this count are not the gateway's.
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+    with tempfile.TemporaryFile() as out:
+        monitor = subprocess.Popen(
+            ["redis-cli", "-p", str(port), "monitor"], stdout=out, stderr=subprocess.DEVNULL
+        )
+        try:
+            time.sleep(0.3)
+            *_, requests = _wrk(gateway, seconds)
+            time.sleep(0.3)
+        finally:
+            monitor.terminate()
+            monitor.wait()
+        out.seek(0)
+        lines = out.read().splitlines()
+    commands = [line for line in lines if line[:1].isdigit() and b" lua] " not in line]
+    return len(commands) / requests if requests else None
 
 
 class _Row:
@@ -199,12 +210,10 @@ class _Row:
         self.round_trips: float | None = None
 
     def measure(self, port: int, seconds: int, redis_port: int | None = None) -> _Row:
-        before = _redis_commands(redis_port) if redis_port else None
-        self.rps, self.p50, self.p99, requests = _wrk(port, seconds)
-        after = _redis_commands(redis_port) if redis_port else None
-        if before is not None and after is not None and requests:
-            self.round_trips = (after - before) / requests
+        self.rps, self.p50, self.p99, _ = _wrk(port, seconds)
         _, self.p50_1, self.p99_1, _ = _wrk(port, max(1, seconds // 2), connections=1)
+        if redis_port is not None:
+            self.round_trips = _redis_round_trips(redis_port, port, max(1, seconds // 2))
         return self
 
 
@@ -304,7 +313,7 @@ def main(quick: bool) -> None:
     # At 50 connections p50 is mostly queueing (Little's law: 50 / throughput); one
     # connection shows what a proxy adds to a single request.
     print(f"\nwrk, 1 connection, {max(1, seconds // 2)}s each: the latency a proxy adds")
-    head = ("contender", "p50 ms", "p99 ms", "added p50", "store round trips/req")
+    head = ("contender", "p50 ms", "p99 ms", "added p50", "Redis round trips/req")
     print(f"{head[0]:32} {head[1]:>8} {head[2]:>8} {head[3]:>10} {head[4]:>22}")
     for r in rows:
         trips = f"{r.round_trips:22.3f}" if r.round_trips is not None else f"{'-':>22}"

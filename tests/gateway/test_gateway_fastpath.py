@@ -125,8 +125,8 @@ def test_other_requests_go_to_the_asgi_path_untouched(
     """Anything but the common case is handed over before a limit or a turn is taken."""
     runtime = Runtime(parse_config(yaml.safe_dump(CONFIG)), GatewayMetrics())
     pool = runtime.upstreams["a"]
-    turn = pool._next
+    turn = pool.turn
     assert begin(runtime, None, _scope(method, path, headers), True) is None
-    assert pool._next == turn  # round robin: the ASGI path takes this turn
+    assert pool.turn == turn  # round robin: the ASGI path takes this turn
     assert pool.in_flight == 0
     assert runtime.store._data == {}  # no limit was charged

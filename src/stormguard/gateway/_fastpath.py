@@ -26,7 +26,7 @@ from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError
 from ._h1server import LeanCycle
-from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal, route_of
+from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
 from ._upstream import Held, Target, UpstreamPool
 from ._wire import request_headers, response_headers
@@ -52,19 +52,24 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> L
     method = scope["method"]
     if method not in _BODYLESS:
         return None
+    host = None
     for name, value in scope["headers"]:
-        if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
+        if name == b"host":
+            host = value
+        elif (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
             return None
-    route = route_of(rt, scope)
+    hostname = host.decode("latin-1").rsplit(":", 1)[0].lower() if host else None
+    route = rt.match(scope["path"], method, hostname)
     if route is None or not _eligible(route):
         return None
     pool = route.upstream
     view = ScopeView(scope)
     rule, key = rt.identity.identify(view)
+    turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
         return None
-    target, conn, undo = ready
+    target, conn = ready
     client = client_id(key)
     try:
         held = pool.admit_now(client)
@@ -72,20 +77,21 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> L
         held = None
     if not isinstance(held, Held):  # refused or would wait: the ASGI path decides
         pool.client.idle(conn)
-        undo()
+        pool.turn = turn
         return None
     started = time.perf_counter()
     scope[CLIENT_KEY] = key
     exchange = FastExchange(proto, scope, keep_alive, rt, route, pool, held, target, started)
     ex = exchange.ex
-    ex.client, ex.rule, ex.upstream = client, rule, pool.name
+    ex.client, ex.rule = client, rule
     if route.rules is not None:
         decision = route.rules.decide(view, method, scope["path"])
         if decision is not None and not decision.allowed:
             pool.client.idle(conn)
-            undo()
+            pool.turn = turn
             exchange.refuse(limit_refusal(route, decision))
             return exchange
+    ex.upstream = pool.name
     headers = request_headers(scope, rt.identity.trusted_peer(view))
     path = scope["raw_path"]
     query = scope["query_string"]

@@ -167,9 +167,18 @@ class UpstreamPool:
         self._next += 1
         return target
 
-    def pick_ready(self) -> tuple[Target, Any, Callable[[], None]] | None:
-        """The next target with an idle connection taken, and how to undo the pick;
-        None (nothing taken, the turn not used) when that target has none idle."""
+    @property
+    def turn(self) -> int:
+        """Whose turn it is (round robin); set it back to undo a pick."""
+        return self._next
+
+    @turn.setter
+    def turn(self, value: int) -> None:
+        self._next = value
+
+    def pick_ready(self) -> tuple[Target, Any] | None:
+        """The next target with an idle connection taken; None (nothing taken, the
+        turn not used) when that target has none idle."""
         turn = self._next
         target = self.pick()
         conn = self.client.take_idle(target.base)
@@ -177,11 +186,7 @@ class UpstreamPool:
             self._next = turn
             self.client.prepare(target.base)  # one idle next time
             return None
-
-        def undo() -> None:
-            self._next = turn
-
-        return target, conn, undo
+        return target, conn
 
     def report(self, target: Target, failed: bool) -> None:
         """Count a target's consecutive failures; eject it for a while at the threshold."""

@@ -66,7 +66,7 @@ class RuleSet:
     ``retry_store_after`` go to every limiter.
     """
 
-    __slots__ = ("_entries", "_plain", "asyncio", "owns_store", "rules", "store")
+    __slots__ = ("_entries", "_plain", "_plain_cost", "asyncio", "owns_store", "rules", "store")
 
     def __init__(
         self,
@@ -116,6 +116,7 @@ class RuleSet:
             and len({rule.cost for rule in rules}) == 1
         ):
             self._plain = [(rule.algorithm, rule.name, key_of) for rule, key_of, _ in self._entries]
+            self._plain_cost = check_cost(rules[0].cost)
 
     @property
     def store_down(self) -> bool:
@@ -167,10 +168,14 @@ class RuleSet:
         plain = self._plain
         if plain is not None:
             # Every rule applies; names are unique and the store is one by construction.
-            limits = [(algorithm, name, key_of(view)) for algorithm, name, key_of in plain]
-            if all(key is not None for _, _, key in limits):
-                cost = check_cost(self.rules[0].cost)
-                return combined(self.store.hit_many(limits, cost))
+            limits = []
+            for algorithm, name, key_of in plain:
+                key = key_of(view)
+                if key is None:
+                    break
+                limits.append((algorithm, name, key))
+            else:
+                return combined(self.store.hit_many(limits, self._plain_cost))
         groups = self._groups(view, method, path)
         if len(groups) == 1:
             ((cost, items),) = groups.items()

@@ -191,8 +191,12 @@ class MemoryStore:
                     for a, n, k, s, _, o in rows
                 ]
             elif cost > 0:
-                for _, _, skey, _, _, o in rows:
-                    put(skey, o[0], o[3], now)
+                for _, _, skey, state, _, o in rows:
+                    if state is not None and o[3] > 0:  # a live key: _put's common case
+                        data[skey] = (now + o[3], o[0])
+                        data.move_to_end(skey)
+                    else:
+                        put(skey, o[0], o[3], now)
         return [
             _new(Decision, (o[1], a.limit, o[2], o[3], o[4], n, a.window, lease or None, ()))
             for a, n, _, _, lease, o in rows
