@@ -17,7 +17,12 @@ The pieces below are what the gateway assembles (never copy them):
 * ``_idempotency``: ``IdempotencyGuard`` -- ``admit(method, key)``, ``abegin(scope, key,
   fingerprint)`` -> ``Ticket`` | ``Refusal`` | replay ``(status, headers, body)``,
   ``afinish(ticket, status, encode_response(...))``, ``aabandon(ticket)`` (sync twins
-  without the ``a``); ``_claims``: the claim stores (memory, Redis Lua);
+  without the ``a``), each a driver over one of its steps (``claiming``, ``finishing``,
+  ``abandoning``; ``once`` for a whole call); ``_claims``: the claim stores (memory,
+  Redis Lua);
+* ``_steps``: conversations as generators of ``Call(target, name, args)`` effects;
+  ``drive(steps, run)`` performs them with the sync twins, ``await adrive(...)`` with
+  the ``a<name>`` ones;
 * ``_admission``: ``Admission(limit, per_client=, max_wait=)`` with ``aenter(client)`` ->
   ``Refusal | None`` and ``leave(client)``; ``AdmissionGroups`` by path prefix;
   ``_concurrency.run_cancelling_on_disconnect(app, scope, receive, send)``;
