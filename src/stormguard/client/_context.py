@@ -10,18 +10,13 @@
 # RetryError is raised from the block. `async for` works the same way.
 from __future__ import annotations
 
-import random
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
-from datetime import timedelta
+from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Unpack
 
-from .._clock import Clock
-from ..core._backoff import Backoff
 from ..core._engine import Outcome
-from ..core._policy import RetryPolicy
-from ._decorator import UNSET, Config, ExceptionFilter, conclude, configure, policy_fields
-from ._driver import RetryHook, Run
+from ._decorator import Config, RetryOptions, conclude, configure
+from ._driver import Run
 
 __all__ = ["Attempt", "Retrying", "retrying"]
 
@@ -163,24 +158,7 @@ class Retrying:
             await run.arelease()  # a permit whose block never reported back
 
 
-def retrying(
-    *,
-    on: ExceptionFilter = Exception,
-    attempts: int = UNSET,
-    backoff: Backoff = UNSET,
-    deadline: float | timedelta | None = UNSET,
-    max_wait: float | timedelta = UNSET,
-    retry_statuses: Collection[int] = UNSET,
-    budget: Any = UNSET,
-    breaker: Any = UNSET,
-    retry_if: Callable[[Any], bool | None] | None = UNSET,
-    reraise: bool = UNSET,
-    policy: RetryPolicy | None = None,
-    on_retry: RetryHook | Sequence[RetryHook] = (),
-    clock: Clock | None = None,
-    rng: random.Random | None = None,
-    name: str = "retrying block",
-) -> Retrying:
+def retrying(*, name: str = "retrying block", **options: Unpack[RetryOptions]) -> Retrying:
     """Retry a block of code: the loop form of :func:`stormguard.retry`.
 
     >>> for attempt in retrying(on=OSError, attempts=3):
@@ -192,12 +170,4 @@ def retrying(
     succeeds ends the loop; one that raises an exception matched by ``on`` is
     retried after the wait, or raises :class:`RetryError` when the policy gives up.
     """
-    config = configure(
-        on=on,
-        fields=policy_fields(locals()),
-        policy=policy,
-        on_retry=on_retry,
-        clock=clock,
-        rng=rng,
-    )
-    return Retrying(config, name)
+    return Retrying(configure("retrying", options), name)
