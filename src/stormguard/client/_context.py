@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from types import TracebackType
 from typing import Unpack
 
+from .._scope import ExcInfo
 from ..core._engine import Outcome
 from ._decorator import Config, RetryOptions, conclude, configure
 from ._driver import Run
@@ -54,9 +54,18 @@ class Attempt:
             return None  # KeyboardInterrupt, CancelledError, SystemExit pass through
         return self._config.judge(exc)
 
-    def _after(self, more: bool) -> bool:
-        # The call went on to another attempt (swallow the exception), or ended.
+    def _report(self, exc: BaseException | None) -> Outcome | None:
+        # The block's outcome, kept for the loop; None: not an attempt's outcome
+        # (the block was interrupted) -- the call ends and its permit goes back.
+        self.outcome = self._judge(exc)
+        return self.outcome
+
+    def _after(self, more: bool, outcome: Outcome, exc: BaseException | None) -> bool:
+        # The call was driven on: another attempt (swallow the exception), or the end
+        # (an exception not ours leaves as it is; else the answer or RetryError).
         self.driven = True
+        if outcome.failure is None and exc is not None:
+            return False
         if more:
             self.finished = False
             state = self._run.conversation.state
@@ -69,42 +78,26 @@ class Attempt:
     def __enter__(self) -> Attempt:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        outcome = self.outcome = self._judge(exc)
+    def __exit__(self, *exc_info: *ExcInfo) -> bool:
+        outcome = self._report(exc_info[1])
         if outcome is None:
             if self._sync:  # in `async for`, the loop gives the permit back (awaited)
                 self._run.release()
             return False
         if not self._sync:  # `async for`: the loop awaits the rest
             return outcome.failure is not None
-        if outcome.failure is None and exc is not None:  # not ours: leave at once
-            self._run.advance(self._run.sent(outcome))
-            return False
-        return self._after(self._run.advance(self._run.sent(outcome)))
+        return self._after(self._run.advance(self._run.sent(outcome)), outcome, exc_info[1])
 
     async def __aenter__(self) -> Attempt:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        outcome = self.outcome = self._judge(exc)
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
+        outcome = self._report(exc_info[1])
         if outcome is None:
             await self._run.arelease()
             return False
         more = await self._run.aadvance(self._run.sent(outcome))
-        if outcome.failure is None and exc is not None:
-            self.driven = True
-            return False
-        return self._after(more)
+        return self._after(more, outcome, exc_info[1])
 
 
 class Retrying:
