@@ -104,118 +104,6 @@ class Abort(NamedTuple):
     trailers: tuple[tuple[str, str], ...]
 
 
-class _Guard:
-    # What both interceptors share: configuration, the per-call decisions, and the
-    # translation of a decision or Refusal into (code, details, trailers).
-
-    def __init__(
-        self,
-        rules: Sequence[Rule],
-        *,
-        store: object,
-        on_store_error: str,
-        refuse_with: str,
-        trusted_proxies: Sequence[str],
-        concurrency: Admission | int | None,
-        concurrency_per_client: int | None,
-        concurrency_max_wait: float,
-        concurrency_key: KeySpec,
-        idempotency: IdempotencyGuard | bool,
-        idempotency_key: str,
-        idempotency_scope: KeySpec | None,
-        asyncio: bool,
-    ) -> None:
-        if refuse_with not in _REFUSE:
-            raise ConfigError("refuse_with", f"must be one of {tuple(_REFUSE)}: {refuse_with!r}")
-        self.refuse_code = _REFUSE[refuse_with]
-        self.rules = (
-            RuleSet(
-                rules,
-                store=store,
-                on_store_error=on_store_error,
-                trusted_proxies=trusted_proxies,
-                asyncio=asyncio,
-            )
-            if rules
-            else None
-        )
-        address = ClientAddress.of(trusted_proxies)
-        if isinstance(concurrency, bool):
-            raise ConfigError("concurrency", "must be a number of calls or an Admission")
-        if isinstance(concurrency, int):
-            concurrency = Admission(
-                concurrency, per_client=concurrency_per_client, max_wait=concurrency_max_wait
-            )
-        self.concurrency: Admission | None = concurrency
-        self.client_of = compile_key(concurrency_key, address)
-        if idempotency is True:
-            shared = self.rules.store if self.rules is not None else store
-            idempotency = IdempotencyGuard(store=shared, methods=("POST",), asyncio=asyncio)
-        self.idempotency = idempotency or None
-        self.idempotency_key = idempotency_key.lower()
-        self.scope_of = (
-            None if idempotency_scope is None else compile_key(idempotency_scope, address)
-        )
-
-    def limited(self, decision: Decision) -> Abort:
-        if self.rules is not None and self.rules.store_down and self.rules.fails_closed:
-            code = grpc.StatusCode.UNAVAILABLE
-            details = "rate limit store unavailable"
-        else:
-            code, details = self.refuse_code, f"rate limit {decision.name!r} exceeded"
-        return Abort(code, details, _pushback(decision.retry_after))
-
-    @staticmethod
-    def refused(refusal: Refusal) -> Abort:
-        code = _BY_STATUS.get(refusal.status, grpc.StatusCode.FAILED_PRECONDITION)
-        return Abort(code, refusal.reason.replace("_", " "), _pushback(refusal.retry_after))
-
-    def leave(self, client: str | None) -> None:
-        """Give back the concurrency slot of a call that took one."""
-        if self.concurrency is not None:
-            self.concurrency.leave(client)
-
-    # The two conversations of a call, written once (server/_steps.py); each
-    # interceptor drives them with its own flavour of the rules, admission and
-    # claim store calls and aborts the call when they end in an Abort.
-
-    def entering(self, view: _CallView) -> Steps[Abort | str | None]:
-        """Rules, then a concurrency slot: an Abort, or the client holding the slot."""
-        if self.rules is not None:
-            decision = yield Call(self.rules, "decide", (view, "POST", view.raw.method))
-            if decision is not None and not decision.allowed:
-                return self.limited(decision)
-        client = None
-        if self.concurrency is not None:
-            client = self.client_of(view) if self.concurrency.per_client else None
-            refusal = yield Call(self.concurrency, "enter", (client,))
-            if refusal is not None:
-                return self.refused(refusal)
-        return client
-
-    def answering(self, view: _CallView, request: Any, context: Any) -> Steps[bytes | Abort]:
-        """A unary call of an idempotency-guarded method: RUN it (unkeyed), refuse it,
-        replay it (trailer ``idempotent-replayed``), or RUN it once and keep its
-        answer when it ends OK (an error status or an exception releases the key)."""
-        guard = self.idempotency
-        assert guard is not None
-        key = view.header(self.idempotency_key)
-        admitted = guard.admit("POST", key)
-        if isinstance(admitted, Refusal):
-            return self.refused(admitted)
-        if not admitted or key is None:
-            return (yield RUN)  # type: ignore[no-any-return]
-        scope = (self.scope_of(view) or "") if self.scope_of is not None else ""
-        fp = _fp(view.raw.method, request)
-        answer = yield from guard.once(scope, key, fp, lambda body: _stored(body, context))
-        if isinstance(answer, Refusal):
-            return self.refused(answer)
-        if isinstance(answer, Replay):
-            context.set_trailing_metadata((("idempotent-replayed", "true"),))
-            return answer.body
-        return answer  # type: ignore[no-any-return]
-
-
 def _fp(method: str, request: Any) -> str:
     serialize = getattr(request, "SerializeToString", None)
     body = (
@@ -233,7 +121,9 @@ def _stored(body: bytes, context: Any) -> bytes | None:
 
 
 class _Interceptor:
-    # What both interceptors share: the options, the _Guard, and the handler rewrap.
+    # What both interceptors share: the options, the per-call conversations (written
+    # once, driven by each), the translation of a decision or Refusal into an Abort,
+    # and the handler rewrap.
     _asyncio: ClassVar[bool] = False
 
     def __init__(
@@ -252,21 +142,95 @@ class _Interceptor:
         idempotency_key: str = "idempotency-key",
         idempotency_scope: KeySpec | None = None,
     ) -> None:
-        self._guard = _Guard(
-            rules,
-            store=store,
-            on_store_error=on_store_error,
-            refuse_with=refuse_with,
-            trusted_proxies=trusted_proxies,
-            concurrency=concurrency,
-            concurrency_per_client=concurrency_per_client,
-            concurrency_max_wait=concurrency_max_wait,
-            concurrency_key=concurrency_key,
-            idempotency=idempotency,
-            idempotency_key=idempotency_key,
-            idempotency_scope=idempotency_scope,
-            asyncio=self._asyncio,
+        if refuse_with not in _REFUSE:
+            raise ConfigError("refuse_with", f"must be one of {tuple(_REFUSE)}: {refuse_with!r}")
+        self._refuse_code = _REFUSE[refuse_with]
+        self._rules = (
+            RuleSet(
+                rules,
+                store=store,
+                on_store_error=on_store_error,
+                trusted_proxies=trusted_proxies,
+                asyncio=self._asyncio,
+            )
+            if rules
+            else None
         )
+        address = ClientAddress.of(trusted_proxies)
+        if isinstance(concurrency, bool):
+            raise ConfigError("concurrency", "must be a number of calls or an Admission")
+        if isinstance(concurrency, int):
+            concurrency = Admission(
+                concurrency, per_client=concurrency_per_client, max_wait=concurrency_max_wait
+            )
+        self._concurrency: Admission | None = concurrency
+        self._client_of = compile_key(concurrency_key, address)
+        if idempotency is True:
+            shared = self._rules.store if self._rules is not None else store
+            idempotency = IdempotencyGuard(store=shared, methods=("POST",), asyncio=self._asyncio)
+        self._idempotency = idempotency or None
+        self._idempotency_key = idempotency_key.lower()
+        self._scope_of = (
+            None if idempotency_scope is None else compile_key(idempotency_scope, address)
+        )
+
+    def _limited(self, decision: Decision) -> Abort:
+        if self._rules is not None and self._rules.store_down and self._rules.fails_closed:
+            code = grpc.StatusCode.UNAVAILABLE
+            details = "rate limit store unavailable"
+        else:
+            code, details = self._refuse_code, f"rate limit {decision.name!r} exceeded"
+        return Abort(code, details, _pushback(decision.retry_after))
+
+    @staticmethod
+    def _refused(refusal: Refusal) -> Abort:
+        code = _BY_STATUS.get(refusal.status, grpc.StatusCode.FAILED_PRECONDITION)
+        return Abort(code, refusal.reason.replace("_", " "), _pushback(refusal.retry_after))
+
+    def _leave(self, client: str | None) -> None:
+        """Give back the concurrency slot of a call that took one."""
+        if self._concurrency is not None:
+            self._concurrency.leave(client)
+
+    # The two conversations of a call, written once (server/_steps.py); each
+    # interceptor drives them with its own flavour of the rules, admission and
+    # claim store calls and aborts the call when they end in an Abort.
+
+    def _entering(self, view: _CallView) -> Steps[Abort | str | None]:
+        """Rules, then a concurrency slot: an Abort, or the client holding the slot."""
+        if self._rules is not None:
+            decision = yield Call(self._rules, "decide", (view, "POST", view.raw.method))
+            if decision is not None and not decision.allowed:
+                return self._limited(decision)
+        client = None
+        if self._concurrency is not None:
+            client = self._client_of(view) if self._concurrency.per_client else None
+            refusal = yield Call(self._concurrency, "enter", (client,))
+            if refusal is not None:
+                return self._refused(refusal)
+        return client
+
+    def _answering(self, view: _CallView, request: Any, context: Any) -> Steps[bytes | Abort]:
+        """A unary call of an idempotency-guarded method: RUN it (unkeyed), refuse it,
+        replay it (trailer ``idempotent-replayed``), or RUN it once and keep its
+        answer when it ends OK (an error status or an exception releases the key)."""
+        guard = self._idempotency
+        assert guard is not None
+        key = view.header(self._idempotency_key)
+        admitted = guard.admit("POST", key)
+        if isinstance(admitted, Refusal):
+            return self._refused(admitted)
+        if not admitted or key is None:
+            return (yield RUN)  # type: ignore[no-any-return]
+        scope = (self._scope_of(view) or "") if self._scope_of is not None else ""
+        fp = _fp(view.raw.method, request)
+        answer = yield from guard.once(scope, key, fp, lambda body: _stored(body, context))
+        if isinstance(answer, Refusal):
+            return self._refused(answer)
+        if isinstance(answer, Replay):
+            context.set_trailing_metadata((("idempotent-replayed", "true"),))
+            return answer.body
+        return answer  # type: ignore[no-any-return]
 
     def _streamed(self, behaviour: Any, details: Any) -> Any:
         raise NotImplementedError
@@ -286,7 +250,7 @@ class _Interceptor:
                 continue
             if kind.endswith("stream"):
                 return handler._replace(**{kind: self._streamed(behaviour, details)})
-            if kind == "unary_unary" and self._guard.idempotency is not None:
+            if kind == "unary_unary" and self._idempotency is not None:
                 serialize = handler.response_serializer or _raw
                 wrapped = self._unary(behaviour, details, serialize)
                 return handler._replace(unary_unary=wrapped, response_serializer=_raw)
@@ -314,7 +278,7 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
 
     def _enter(self, view: _CallView, context: Any) -> str | None:
         # Rules, then a concurrency slot; aborts the call when refused.
-        entered = drive(self._guard.entering(view))
+        entered = drive(self._entering(view))
         if isinstance(entered, Abort):
             self._abort(context, entered)
         return entered
@@ -326,7 +290,7 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
         raise AssertionError("context.abort() returned")  # it raises
 
     def _streamed(self, behaviour: Any, details: Any) -> Any:
-        enter, leave = self._enter, self._guard.leave
+        enter, leave = self._enter, self._leave
 
         def streamed(request: Any, context: Any) -> Iterator[Any]:
             client = enter(_CallView(details, context), context)
@@ -338,7 +302,7 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
         return streamed
 
     def _unary(self, behaviour: Any, details: Any, serialize: Any) -> Any:
-        enter, leave, answering = self._enter, self._guard.leave, self._guard.answering
+        enter, leave, answering = self._enter, self._leave, self._answering
 
         def unary(request: Any, context: Any) -> Any:
             view = _CallView(details, context)
@@ -372,7 +336,7 @@ class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):
         return self._rewrap(await continuation(details), details)
 
     async def _enter(self, view: _CallView, context: Any) -> str | None:
-        entered = await adrive(self._guard.entering(view))
+        entered = await adrive(self._entering(view))
         if isinstance(entered, Abort):
             await self._abort(context, entered)
         return entered
@@ -384,7 +348,7 @@ class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):
         raise AssertionError("context.abort() returned")  # it raises
 
     def _streamed(self, behaviour: Any, details: Any) -> Any:
-        enter, leave = self._enter, self._guard.leave
+        enter, leave = self._enter, self._leave
 
         async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
             client = await enter(_CallView(details, context), context)
@@ -397,7 +361,7 @@ class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):
         return streamed
 
     def _unary(self, behaviour: Any, details: Any, serialize: Any) -> Any:
-        enter, leave, answering = self._enter, self._guard.leave, self._guard.answering
+        enter, leave, answering = self._enter, self._leave, self._answering
 
         async def unary(request: Any, context: Any) -> Any:
             view = _CallView(details, context)
