@@ -14,6 +14,9 @@ The pieces below are what the gateway assembles (never copy them):
   headers, RFC 9457 body, reason), ``rate_limited`` (429), ``unavailable`` (503),
   ``send_refusal``, ``send_response``, ``send_websocket_refusal``;
   ``_ratelimit.refusal_for(decision, rules, style)`` picks 429 or 503;
+  ``_ratelimit.RequestLimits(rules, headers=, headers_on_allowed=, **store options)``
+  with ``await adecide(view)`` -> a ``Refusal`` or the headers for an admitted response
+  (RateLimitMiddleware and the FastAPI dependency);
 * ``_idempotency``: ``IdempotencyGuard`` -- ``admit(method, key)``, ``abegin(scope, key,
   fingerprint)`` -> ``Ticket`` | ``Refusal`` | replay ``(status, headers, body)``,
   ``afinish(ticket, status, encode_response(...))``, ``aabandon(ticket)`` (sync twins
