@@ -104,6 +104,15 @@ def test_failing_run_releases_the_claim_and_raises(clock: FakeClock) -> None:
     assert raised.value is error
 
 
+def test_conversation_dropped_mid_run_keeps_the_claim(clock: FakeClock) -> None:
+    """Closed at RUN (its driver went away): no more effects; the lease ends the claim."""
+    steps = guard_for(clock).once("", "k", "fp", keep)
+    next(steps)
+    assert steps.send(ClaimResult(ClaimOutcome.CLAIMED)) is RUN
+    steps.close()  # raises if the conversation tried to yield a release
+    assert steps.gi_frame is None
+
+
 def test_unkept_answer_releases_the_claim(clock: FakeClock) -> None:
     """``stored`` returning None (an error status): release instead of complete."""
     steps = guard_for(clock).once("", "k", "fp", lambda value: None)

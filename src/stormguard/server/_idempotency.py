@@ -197,6 +197,8 @@ class IdempotencyGuard:
             return started
         try:
             value = yield RUN
+        except GeneratorExit:
+            raise  # dropped by its driver mid-run: the outcome is unknown, the lease ends it
         except BaseException:
             yield from self.abandoning(started)
             raise
