@@ -121,14 +121,17 @@ async def test_chunked_answer_streams_in_pieces() -> None:
         await client.close()
 
 
-async def test_body_until_close_ends_with_the_connection() -> None:
-    """An answer without a length is the bytes up to the upstream's close."""
-
-    def until_close(head: bytes, transport: asyncio.Transport) -> None:
-        transport.write(b"HTTP/1.1 200 OK\r\n\r\nall of it")
+def says_then_closes(answer: bytes) -> Script:
+    def script(head: bytes, transport: asyncio.Transport) -> None:
+        transport.write(answer)
         transport.close()
 
-    async with Upstream(until_close) as up:
+    return script
+
+
+async def test_body_until_close_ends_with_the_connection() -> None:
+    """An answer without a length is the bytes up to the upstream's close."""
+    async with Upstream(says_then_closes(b"HTTP/1.1 200 OK\r\n\r\nall of it")) as up:
         client = pool()
         _, body = await get(client, up.base)
         assert body == b"all of it"
@@ -137,12 +140,8 @@ async def test_body_until_close_ends_with_the_connection() -> None:
 
 async def test_upstream_dying_mid_answer_is_an_error() -> None:
     """A connection lost before the announced length arrived raises UpstreamError."""
-
-    def dies(head: bytes, transport: asyncio.Transport) -> None:
-        transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
-        transport.close()
-
-    async with Upstream(dies) as up:
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial"
+    async with Upstream(says_then_closes(cut)) as up:
         client = pool()
         response = await client.request(up.base, "GET", b"/", [])
         with pytest.raises(UpstreamError):

@@ -5,26 +5,18 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stormguard import (
-    GCRA,
-    AsyncRateLimiter,
-    Concurrency,
-    FixedWindow,
-    RateLimiter,
-    SlidingWindowCounter,
-    SlidingWindowLog,
-    TokenBucket,
-)
+import stormguard as sg
+from stormguard import AsyncRateLimiter, Concurrency, RateLimiter, TokenBucket
 from stormguard.core._limiters import LimitRequest
 from stormguard.stores import MemoryStore
 from stormguard.testing import FakeClock
 
 ALGORITHMS = [
     TokenBucket(2, 3),
-    GCRA(1, 2),
-    SlidingWindowCounter(3, 1.0),
-    SlidingWindowLog(2, 1.0),
-    FixedWindow(3, 2.0),
+    sg.GCRA(1, 2),
+    sg.SlidingWindowCounter(3, 1.0),
+    sg.SlidingWindowLog(2, 1.0),
+    sg.FixedWindow(3, 2.0),
 ]
 
 traces = st.lists(
