@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -130,3 +131,55 @@ def test_other_requests_go_to_the_asgi_path_untouched(
     assert pool.turn == turn  # round robin: the ASGI path takes this turn
     assert pool.in_flight == 0
     assert runtime.store._data == {}  # no limit was charged
+
+
+class OneAnswerPerConnection:
+    """An upstream that answers the first request of a connection and closes the
+    connection on the second without answering (a keep-alive timeout racing a send)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            conn.recv(65536)  # the second request: dropped with the connection
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_stale_keep_alive_connection_is_sent_again(gateway_factory: Factory) -> None:
+    """A GET on a connection the upstream drops unanswered goes out once more, fresh."""
+    up = OneAnswerPerConnection()
+    try:
+        gw = gateway_factory(
+            {
+                "upstreams": {"a": {"url": f"http://127.0.0.1:{up.port}"}},
+                "routes": [{"path": "/", "upstream": "a"}],
+            }
+        )
+        with httpx.Client() as client:
+            answers = [client.get(f"{gw.url}/x") for _ in range(3)]
+        assert [(a.status_code, a.content) for a in answers] == [(200, b"ok")] * 3
+        assert up.connections >= 3
+    finally:
+        up.close()

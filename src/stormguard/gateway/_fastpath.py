@@ -17,6 +17,7 @@
 # ASGI path (handle_http) *before* anything was taken, so it is decided there once.
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from .._errors import CircuitOpen
 from ..server._refusal import Refusal
 from ..server._view import ScopeView
 from ._clients import client_id
-from ._h1client import H1Response, UpstreamConnectError
+from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._h1server import LeanCycle
 from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
@@ -96,9 +97,8 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> L
     path = scope["raw_path"]
     query = scope["query_string"]
     exchange.sent = time.perf_counter()
-    exchange.response = pool.client.send_now(
-        conn, method, path + b"?" + query if query else path, headers, exchange
-    )
+    exchange.request = (method, path + b"?" + query if query else path, headers)
+    exchange.response = pool.client.send_now(conn, *exchange.request, exchange)
     return exchange
 
 
@@ -124,6 +124,8 @@ class FastExchange(LeanCycle):
         self.sent = 0.0
         self.ex = _Exchange()
         self.response: H1Response | None = None
+        self.request: tuple[str, bytes, list[tuple[bytes, bytes]]] = ("GET", b"/", [])
+        self.resend: asyncio.Task[None] | None = None  # the one resend, if it came to that
         self.whole = False  # the answer is small: its body goes out in one write
         self.pending: list[bytes] = []
         self.on_lost = self.lost
@@ -166,6 +168,16 @@ class FastExchange(LeanCycle):
         self.finish()
 
     def answer_error(self, exc: BaseException) -> None:
+        response = self.response
+        conn = response._conn if response is not None else None
+        stale = conn is not None and not conn.received and not isinstance(exc, TimeoutError)
+        if stale and self.resend is None:
+            # The idle connection was closed by the upstream as we wrote (its
+            # keep-alive ran out): nothing was processed, and every method here is
+            # idempotent -- send it once more, on a new connection (as H1Pool.request).
+            self.response = None
+            self.resend = asyncio.get_running_loop().create_task(self._resend())
+            return
         permit = self.held.permit
         if self.ex.status == 0:  # nothing went out yet: a refusal can
             self.pool.report(self.target, True)
@@ -183,6 +195,18 @@ class FastExchange(LeanCycle):
         self.ex.outcome = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error"
         self.transport.close()
         self.finish()
+
+    async def _resend(self) -> None:
+        client = self.pool.client
+        try:
+            conn = await client.connect_to(self.target.base)
+        except (UpstreamError, TimeoutError) as exc:
+            self.answer_error(exc)
+            return
+        if not self.held.admitted:  # the client went away meanwhile
+            client.idle(conn)
+            return
+        self.response = client.send_now(conn, *self.request, self)
 
     def resumed(self) -> None:
         """The client's socket drained: read the upstream again."""

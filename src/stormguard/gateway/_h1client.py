@@ -550,6 +550,10 @@ class H1Pool:
             self._preparing -= 1
         self.idle(conn)
 
+    async def connect_to(self, base: str) -> _Connection:
+        """A new connection to the target at ``base`` (for :meth:`send_now`)."""
+        return await self._connect(self._endpoint(base))
+
     def send_now(
         self,
         conn: _Connection,
