@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
 from ..core._ratelimit_headers import Quota, parse_rate_limits
 from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
+from ..protection._quick import QuickGuard, quick_guard
 from ._driver import Detail, Engine, RetryHook, Run
 from ._driver import _twin as twin
 from ._http import (
@@ -35,9 +37,11 @@ __all__ = [
     "Lane",
     "Observation",
     "afirst_attempt",
+    "aresume",
     "awith_bulkhead",
     "first_attempt",
     "one_shot",
+    "resume",
     "with_bulkhead",
     "with_retry_if",
 ]
@@ -131,14 +135,14 @@ class HttpFront:
         self.body_excerpt = body_excerpt
         self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
-        self.monotonic = self.clock.monotonic
+        self.monotonic = time.monotonic if self.clock is SYSTEM_CLOCK else self.clock.monotonic
         self.rng = rng
         protection = {name: keywords[name] for name in _PROTECTION}
         self.guards = guards_for(**protection, clock=clock, rng=rng)
         self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
         self._lanes: dict[Any, Lane] = {}
         # With every protection off no request needs an origin: one lane for all.
-        self.bare_lane = None if self.guards.enabled else Lane("", None, self.policy)
+        self.bare_lane = None if self.guards.enabled else self._make_lane("", None)
 
     def lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
         """The lane of the origin of ``url``; ``key`` is a cheap stand-in for the
@@ -167,10 +171,15 @@ class HttpFront:
         if lane is None or lane.guard is not guard:
             if len(lanes) >= _MAX_LANES:
                 lanes.clear()
-            lane = lanes[key] = Lane(origin, guard, self.policy)
+            lane = lanes[key] = self._make_lane(origin, guard)
         lane.generation = generation
         lane.uses = 0
         return lane
+
+    def _make_lane(self, origin: str, guard: OriginGuard | None) -> Lane:
+        # A request that gets an Idempotency-Key needs its HttpCall before the send:
+        # such a front end's lanes always take the general path.
+        return Lane(origin, guard, self.policy, self.monotonic, general=self.idempotency_keys)
 
 
 class Lane:
@@ -183,6 +192,13 @@ class Lane:
     front end's policy with the origin's breaker and budget; ``observes`` says
     whether a response that is neither 429 nor 503 must still be shown to the
     guard (pacing reads every response's quota headers).
+
+    ``gate`` opens a first attempt: None when there is nothing to take (no
+    guard), else ``gate.enter(now)`` (``now`` on the front end's clock) returns a
+    ticket when the attempt may be sent at once -- its protection taken by the
+    guard's lock-free gate (protection/_quick.py) -- or None when the general path
+    (:func:`first_attempt`) must make it. ``fitting`` is the last request timeouts
+    that a first attempt found within the deadline: equal ones need no capping.
     """
 
     __slots__ = (
@@ -192,6 +208,8 @@ class Lane:
         "budget",
         "bulkhead",
         "deadline",
+        "fitting",
+        "gate",
         "generation",
         "guard",
         "max_wait",
@@ -203,7 +221,15 @@ class Lane:
         "uses",
     )
 
-    def __init__(self, origin: str, guard: OriginGuard | None, policy: RetryPolicy) -> None:
+    def __init__(
+        self,
+        origin: str,
+        guard: OriginGuard | None,
+        policy: RetryPolicy,
+        monotonic: Callable[[], float],
+        *,
+        general: bool = False,
+    ) -> None:
         self.origin = origin
         self.generation = -1
         self.uses = 0
@@ -215,11 +241,41 @@ class Lane:
         self.acount = getattr(self.budget, "arecord_request", None)
         self.deadline = policy.deadline_s
         self.max_wait = policy.max_wait_s
+        # The last timeouts a first attempt found within the deadline (nothing to cap).
+        self.fitting: Any = _UNSEEN
         self.bulkhead = None if guard is None else guard.bulkhead
         self.paced = guard is not None and guard.paced
         self.observes = guard is not None and guard.pacing
         # Anything to do before the send at all (count, pace, admit)?
         self.protected = self.paced or self.breaker is not None or self.budget is not None
+        self.gate: QuickGuard | _General | None = _GENERAL
+        if general:
+            return
+        if guard is None:
+            if self.breaker is None and self.budget is None:
+                self.gate = None
+        elif policy.breaker is guard.breaker and policy.budget is guard.budget:
+            # (a policy's own breaker or budget is taken by the general path)
+            self.gate = quick_guard(guard, monotonic) or _GENERAL
+
+
+class _General:
+    """The gate of a lane whose first attempts always take the general path."""
+
+    __slots__ = ()
+
+    def enter(self, now: float) -> None:
+        return None
+
+    def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
+        raise AssertionError("a general lane hands out no tickets")
+
+    def abandon(self) -> None:
+        raise AssertionError("a general lane hands out no tickets")
+
+
+_GENERAL = _General()
+_UNSEEN = object()
 
 
 _MAX_LANES = 1024
@@ -258,6 +314,7 @@ class HttpCall:
         url: Any,
         headers: MutableMapping[str, str],
         request: Any,
+        started: float,
     ) -> None:
         self.front = front
         self.lane = lane
@@ -273,7 +330,7 @@ class HttpCall:
                 self._has_key = True
         self.request = request
         self._run: Run | None = None
-        self.started = front.monotonic()
+        self.started = started
 
     @property
     def has_key(self) -> bool:
@@ -471,10 +528,28 @@ def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
     if permit is not None:
         permit.record(failure=outcome[1])
     if outcome[0] is None:
-        if outcome[3] is not None:
-            raise outcome[3]
-        return outcome[2]
+        return outcome.result()
     return call.run.run(send, first=outcome).result()
+
+
+def resume(
+    call: HttpCall, ticket: Any, first: Callable[[], Outcome], send: Callable[[], Outcome]
+) -> Any:
+    """A first attempt sent on the lane's gate (``ticket``) that did not simply
+    succeed: ``first()`` makes its Outcome (the slot still held), the gate gives the
+    slot back and records it, and the engine drives any retry with ``send``."""
+    gate = call.lane.gate
+    try:
+        outcome = first()
+    except BaseException:
+        if gate is not None:
+            gate.abandon()
+        raise
+    if gate is not None:
+        gate.settle(ticket, call.started, outcome[1])
+    if outcome[0] is None:
+        return outcome.result()
+    return call.run.run(with_bulkhead(call, send), first=outcome).result()
 
 
 async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]) -> Any:
@@ -509,10 +584,29 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
         else:
             permit.record(failure=outcome[1])
     if outcome[0] is None:
-        if outcome[3] is not None:
-            raise outcome[3]
-        return outcome[2]
+        return outcome.result()
     return (await call.run.arun(asend, first=outcome)).result()
+
+
+async def aresume(
+    call: HttpCall,
+    ticket: Any,
+    first: Callable[[], Awaitable[Outcome]],
+    asend: Callable[[], Awaitable[Outcome]],
+) -> Any:
+    """Async twin of :func:`resume`."""
+    gate = call.lane.gate
+    try:
+        outcome = await first()
+    except BaseException:
+        if gate is not None:
+            gate.abandon()
+        raise
+    if gate is not None:
+        gate.settle(ticket, call.started, outcome[1])
+    if outcome[0] is None:
+        return outcome.result()
+    return (await call.run.arun(awith_bulkhead(call, asend), first=outcome)).result()
 
 
 def _pace_limit(call: HttpCall) -> float:

@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import math
+import operator
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -21,15 +22,20 @@ from ._driver import RetryHook
 from ._front import (
     HttpCall,
     HttpFront,
+    Lane,
     _success,
     afirst_attempt,
+    aresume,
     awith_bulkhead,
     first_attempt,
+    resume,
     with_bulkhead,
 )
 from ._http import body_worth_reading
 
 __all__ = ["RetryTransport"]
+
+_INF = math.inf
 
 _NOT_SENT: tuple[type[Exception], ...] = (
     httpx.ConnectError,
@@ -79,25 +85,34 @@ def _origin_key(url: httpx.URL) -> Any:
         return _origin(url)
 
 
-def _cap_timeouts(request: httpx.Request, remaining: float) -> None:
+def _cap_timeouts(request: httpx.Request, remaining: float) -> bool:
     """No attempt may outlive the call's deadline (``inf``: deadline=None).
 
-    The request's timeouts are rewritten only when the deadline shortens one.
+    The request's timeouts are rewritten only when the deadline shortens one;
+    True when none needed it.
     """
-    if remaining == math.inf:
-        return
     timeouts = request.extensions.get("timeout")
-    if isinstance(timeouts, dict):
-        remaining = max(0.001, remaining)
-        for value in timeouts.values():
-            if value is None or value > remaining:
-                break
-        else:
-            return
-        request.extensions["timeout"] = {
-            name: remaining if value is None else min(value, remaining)
-            for name, value in timeouts.items()
-        }
+    if remaining == _INF or not isinstance(timeouts, dict):
+        return True
+    remaining = max(0.001, remaining)
+    for value in timeouts.values():
+        if value is None or value > remaining:
+            break
+    else:
+        return True
+    request.extensions["timeout"] = {
+        name: remaining if value is None else min(value, remaining)
+        for name, value in timeouts.items()
+    }
+    return False
+
+
+def _cap_first(request: httpx.Request, lane: Lane) -> None:
+    """:func:`_cap_timeouts` for a first attempt (the whole deadline is left);
+    timeouts that fit are remembered, so the same ones need no look next time."""
+    timeouts = request.extensions.get("timeout")
+    if _cap_timeouts(request, lane.deadline):
+        lane.fitting = dict(timeouts) if isinstance(timeouts, dict) else timeouts
 
 
 def _wants_body(response: httpx.Response) -> bool:
@@ -210,13 +225,16 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             await self._inner.aclose()
 
     # -- the two front ends of the engine ---------------------------------------
+    #
+    # A request's first attempt goes through its lane's gate (Lane.enter): when the
+    # origin's protection is taken at once, the request is sent right here and a
+    # plain success (< 400, no quota headers to learn from) is handed back with no
+    # HttpCall, run or permit built. Anything else -- the gate saying no, a
+    # transport error, a status the table judges, quota headers -- goes to the
+    # general path of client/_front.py, which does what it always did.
 
-    def _call(self, request: httpx.Request) -> HttpCall:
-        url = request.url
-        lane = self.bare_lane
-        if lane is None:
-            lane = self.lane(_origin_key(url), url, _origin)
-        return HttpCall(self, lane, request.method, url, request.headers, request)
+    def _call(self, request: httpx.Request, lane: Lane, started: float) -> HttpCall:
+        return HttpCall(self, lane, request.method, request.url, request.headers, request, started)
 
     @staticmethod
     def replayable(request: Any) -> bool:
@@ -234,15 +252,19 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def names_quota(headers: Any) -> bool:
         """Whether a rate-limit header is among httpx ``headers`` (raw names, one pass)."""
         try:  # httpx keeps each name lower-cased beside the raw one
-            names = b" ".join([lower for _, lower, _ in headers._list])
+            names = b" ".join(map(_LOWER_NAME, headers._list))
         except AttributeError:
             names = b" ".join([name for name, _ in headers.raw]).lower()
-        return b"ratelimit" in names or b"rate-limit" in names
+        return b"rate" in names and (b"ratelimit" in names or b"rate-limit" in names)
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._sync_inner or self._sync()
-        call = self._call(request)
-        observes = call.lane.observes
+    def _plain(self, lane: Lane, response: httpx.Response) -> bool:
+        """Whether ``response`` ends the call as it is, with nothing for the guard to learn."""
+        return response.status_code < 400 and not (
+            lane.observes and self.names_quota(response.headers)
+        )
+
+    def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
+        request = call.request
 
         def send() -> Outcome:
             _cap_timeouts(request, call.remaining())
@@ -250,26 +272,27 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 response = inner.handle_request(request)
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
-            status = response.status_code
-            if status < 400 and not (observes and self.names_quota(response.headers)):
-                return _success(response)
-            if _wants_body(response):
-                try:
-                    response.read()
-                except httpx.HTTPError as exc:
-                    # The body broke off (often: the deadline cut the read). A half-read
-                    # response cannot be handed back, so the attempt failed as its read.
-                    response.close()
-                    return call.error(_failure_kind(exc), exc)
-            return call.observed(response, status, response.headers, _body(response))
+            return self._outcome(call, response)
 
-        response: httpx.Response = first_attempt(call, with_bulkhead(call, send))
-        return response
+        return send
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._async_inner or self._async()
-        call = self._call(request)
-        observes = call.lane.observes
+    def _outcome(self, call: HttpCall, response: httpx.Response) -> Outcome:
+        if self._plain(call.lane, response):
+            return _success(response)
+        if _wants_body(response):
+            try:
+                response.read()
+            except httpx.HTTPError as exc:
+                # The body broke off (often: the deadline cut the read). A half-read
+                # response cannot be handed back, so the attempt failed as its read.
+                response.close()
+                return call.error(_failure_kind(exc), exc)
+        return call.observed(response, response.status_code, response.headers, _body(response))
+
+    def _asend(
+        self, call: HttpCall, inner: httpx.AsyncBaseTransport
+    ) -> Callable[[], Awaitable[Outcome]]:
+        request = call.request
 
         async def asend() -> Outcome:
             _cap_timeouts(request, call.remaining())
@@ -277,18 +300,101 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 response = await inner.handle_async_request(request)
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
-            status = response.status_code
-            if status < 400 and not (observes and self.names_quota(response.headers)):
-                return _success(response)
-            if _wants_body(response):
-                try:
-                    await response.aread()
-                except httpx.HTTPError as exc:
-                    # The body broke off (often: the deadline cut the read). A half-read
-                    # response cannot be handed back, so the attempt failed as its read.
-                    await response.aclose()
-                    return call.error(_failure_kind(exc), exc)
-            return await call.aobserved(response, status, response.headers, _body(response))
+            return await self._aoutcome(call, response)
 
-        response: httpx.Response = await afirst_attempt(call, awith_bulkhead(call, asend))
-        return response
+        return asend
+
+    async def _aoutcome(self, call: HttpCall, response: httpx.Response) -> Outcome:
+        if self._plain(call.lane, response):
+            return _success(response)
+        if _wants_body(response):
+            try:
+                await response.aread()
+            except httpx.HTTPError as exc:
+                await response.aclose()  # a half-read body: as in _outcome()
+                return call.error(_failure_kind(exc), exc)
+        return await call.aobserved(
+            response, response.status_code, response.headers, _body(response)
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._sync_inner or self._sync()
+        url = request.url
+        lane = self.bare_lane or self.lane(_origin_key(url), url, _origin)
+        started = self.monotonic()
+        gate = lane.gate
+        ticket = True if gate is None else gate.enter(started)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            response: httpx.Response = first_attempt(
+                call, with_bulkhead(call, self._send(call, inner))
+            )
+            return response
+        try:
+            if request.extensions.get("timeout") != lane.fitting:
+                _cap_first(request, lane)
+            response = inner.handle_request(request)
+        except Exception as exc:
+            call = self._call(request, lane, started)
+            error = call.error(_failure_kind(exc), exc)
+            return resume(call, ticket, lambda: error, self._send(call, inner))  # type: ignore[no-any-return]
+        except BaseException:
+            if gate is not None:
+                gate.abandon()
+            raise
+        if response.status_code < 400 and not (
+            lane.observes and self.names_quota(response.headers)
+        ):
+            if gate is not None:
+                gate.settle(ticket, started)
+            return response
+        call = self._call(request, lane, started)
+        return resume(  # type: ignore[no-any-return]
+            call, ticket, lambda: self._outcome(call, response), self._send(call, inner)
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._async_inner or self._async()
+        url = request.url
+        lane = self.bare_lane or self.lane(_origin_key(url), url, _origin)
+        started = self.monotonic()
+        gate = lane.gate
+        ticket = True if gate is None else gate.enter(started)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            response: httpx.Response = await afirst_attempt(
+                call, awith_bulkhead(call, self._asend(call, inner))
+            )
+            return response
+        try:
+            if request.extensions.get("timeout") != lane.fitting:
+                _cap_first(request, lane)
+            response = await inner.handle_async_request(request)
+        except Exception as exc:
+            call = self._call(request, lane, started)
+            error = call.error(_failure_kind(exc), exc)
+            return await aresume(call, ticket, _ready(error), self._asend(call, inner))  # type: ignore[no-any-return]
+        except BaseException:
+            if gate is not None:
+                gate.abandon()
+            raise
+        if response.status_code < 400 and not (
+            lane.observes and self.names_quota(response.headers)
+        ):
+            if gate is not None:
+                gate.settle(ticket, started)
+            return response
+        call = self._call(request, lane, started)
+        return await aresume(  # type: ignore[no-any-return]
+            call, ticket, lambda: self._aoutcome(call, response), self._asend(call, inner)
+        )
+
+
+def _ready(outcome: Outcome) -> Callable[[], Awaitable[Outcome]]:
+    async def ready() -> Outcome:
+        return outcome
+
+    return ready
+
+
+_LOWER_NAME = operator.itemgetter(1)

@@ -23,7 +23,7 @@ from ..core._outcome import Failure
 from ..core._policy import RetryPolicy
 from ..protection._origin import OriginGuards, origin_of
 from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, _success, first_attempt, with_bulkhead
+from ._front import HttpCall, HttpFront, Lane, _success, first_attempt, resume, with_bulkhead
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
@@ -113,36 +113,76 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
+        # As RetryTransport.handle_request: the lane's gate first, the general path
+        # of client/_front.py for anything but a plain success.
         url = request.url or ""
-        lane = self.bare_lane
-        if lane is None:
-            lane = self.lane(_origin_key(url), url, origin_of)
-        call = HttpCall(self, lane, request.method or "GET", url, request.headers, request)
+        lane = self.bare_lane or self.lane(_origin_key(url), url, origin_of)
+        started = self.monotonic()
+        gate = lane.gate
+        ticket = True if gate is None else gate.enter(started)
+        options = (stream, timeout, verify, cert, proxies)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            result: requests.Response = first_attempt(
+                call, with_bulkhead(call, self._send(call, options))
+            )
+            return result
+        if timeout != lane.fitting:  # else: found within the deadline before
+            capped = _cap_timeout(timeout, lane.deadline)
+            if capped == timeout:
+                lane.fitting = timeout
+            timeout = capped
+        try:
+            response = super().send(request, stream, timeout, verify, cert, proxies)  # type: ignore[arg-type]
+        except Exception as exc:
+            call = self._call(request, lane, started)
+            error = call.error(_failure_kind(exc), exc)
+            return resume(call, ticket, lambda: error, self._send(call, options))  # type: ignore[no-any-return]
+        except BaseException:
+            if gate is not None:
+                gate.abandon()
+            raise
+        if response.status_code < 400 and not (
+            lane.observes and self.names_quota(response.headers)
+        ):
+            if gate is not None:
+                gate.settle(ticket, started)
+            return response
+        call = self._call(request, lane, started)
+        return resume(  # type: ignore[no-any-return]
+            call, ticket, lambda: self._outcome(call, response), self._send(call, options)
+        )
+
+    def _call(self, request: requests.PreparedRequest, lane: Lane, started: float) -> HttpCall:
+        url = request.url or ""
+        return HttpCall(self, lane, request.method or "GET", url, request.headers, request, started)
+
+    def _send(self, call: HttpCall, options: tuple[Any, ...]) -> Callable[[], Outcome]:
+        stream, timeout, verify, cert, proxies = options
         adapter_send = super().send
-        observes = lane.observes
 
         def send_once() -> Outcome:
             capped = _cap_timeout(timeout, call.remaining())
             try:
-                response = adapter_send(request, stream, capped, verify, cert, proxies)
+                response = adapter_send(call.request, stream, capped, verify, cert, proxies)
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
-            status = response.status_code
-            if status < 400 and not (observes and self.names_quota(response.headers)):
-                return _success(response)
-            small = status >= 400 and body_worth_reading(
-                status, response.headers.get("content-length")
-            )
-            try:
-                body = response.content if small else None
-            except requests.RequestException as exc:
-                # The body broke off mid-read: the attempt failed as its read did.
-                response.close()
-                return call.error(_failure_kind(exc), exc)
-            return call.observed(response, status, response.headers, body)
+            return self._outcome(call, response)
 
-        result: requests.Response = first_attempt(call, with_bulkhead(call, send_once))
-        return result
+        return send_once
+
+    def _outcome(self, call: HttpCall, response: requests.Response) -> Outcome:
+        status = response.status_code
+        if status < 400 and not (call.lane.observes and self.names_quota(response.headers)):
+            return _success(response)
+        small = status >= 400 and body_worth_reading(status, response.headers.get("content-length"))
+        try:
+            body = response.content if small else None
+        except requests.RequestException as exc:
+            # The body broke off mid-read: the attempt failed as its read did.
+            response.close()
+            return call.error(_failure_kind(exc), exc)
+        return call.observed(response, status, response.headers, body)
 
 
 def _origin_key(url: str) -> str:
