@@ -144,23 +144,60 @@ class HttpFront:
         # With every protection off no request needs an origin: one lane for all.
         self.bare_lane = None if self.guards.enabled else self._make_lane("", None)
 
-    def lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
-        """The lane of the origin of ``url``; ``key`` is a cheap stand-in for the
-        scheme and authority of ``url`` (which decide its origin), ``origin_of``
-        computes the origin itself when the lane is made.
+    def open(
+        self, url: Any, key_of: Callable[[Any], Any], origin_of: Callable[[Any], str]
+    ) -> tuple[Lane, float, Any]:
+        """A request's first attempt to ``url``: its lane, when it starts, and its
+        ticket from the lane's gate (None: the general path makes the attempt).
 
-        A lane holds the guard the registry handed out and is used while the
-        registry's ``generation`` is unchanged: an eviction or a ``reset()`` (also
-        ``reset_process_guards()``) makes every lane ask the registry again at its
-        next request. Every ``_TOUCH_EVERY`` requests a lane also asks the registry
-        for its guard, which marks the origin recently used for eviction.
+        The lane is found by ``key_of(url)``, a cheap stand-in for the scheme and
+        authority of ``url`` (which decide its origin); ``origin_of`` computes the
+        origin itself when the lane is made. A lane holds the guard the registry
+        handed out and is used while the registry's ``generation`` is unchanged:
+        an eviction or a ``reset()`` (also ``reset_process_guards()``) makes every
+        lane ask the registry again at its next request. Every ``_TOUCH_EVERY``
+        requests a lane also asks the registry for its guard, which marks the
+        origin recently used for eviction.
         """
-        lane = self._lanes.get(key)
-        if lane is not None and lane.generation == self.guards.generation:
-            lane.uses += 1
-            if lane.uses < _TOUCH_EVERY:
-                return lane
-        return self._new_lane(key, url, origin_of)
+        lane = self.bare_lane
+        if lane is None:
+            key = key_of(url)
+            lane = self._lanes.get(key)
+            if lane is None or lane.generation != self.guards.generation:
+                lane = self._new_lane(key, url, origin_of)
+            else:
+                lane.uses += 1
+                if lane.uses >= _TOUCH_EVERY:
+                    lane = self._new_lane(key, url, origin_of)
+        started = self.monotonic()
+        gate = lane.gate
+        return lane, started, (True if gate is None else gate.enter(started))
+
+    def plain(self, lane: Lane, response: Any) -> bool:
+        """Whether ``response`` ends the call as it is, with nothing for the guard
+        to learn (a success without quota headers, or one nobody paces)."""
+        return response.status_code < 400 and not (
+            lane.observes and self.names_quota(response.headers)
+        )
+
+    def passes(self, lane: Lane, ticket: Any, started: float, response: Any) -> bool:
+        """:meth:`plain` for the result of a first attempt on the gate (a response
+        or an error); the gate is settled when it passes."""
+        if isinstance(response, BaseException) or not self.plain(lane, response):
+            return False
+        gate = lane.gate
+        if gate is not None:
+            gate.settle(ticket, started)
+        return True
+
+    @staticmethod
+    def broken(lane: Lane, exc: BaseException) -> Exception:
+        """The error a first attempt on the gate raised, to be judged; a cancellation
+        or interrupt gives the gate back what it took and is raised again."""
+        if isinstance(exc, Exception):
+            return exc
+        lane.abandon()
+        raise exc
 
     def _new_lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
         guards, lanes = self.guards, self._lanes
@@ -257,6 +294,11 @@ class Lane:
         elif policy.breaker is guard.breaker and policy.budget is guard.budget:
             # (a policy's own breaker or budget is taken by the general path)
             self.gate = quick_guard(guard, monotonic) or _GENERAL
+
+    def abandon(self) -> None:
+        """A first attempt on the gate never ended (cancelled): the gate's take goes back."""
+        if self.gate is not None:
+            self.gate.abandon()
 
 
 class _General:
@@ -538,18 +580,22 @@ def resume(
     """A first attempt sent on the lane's gate (``ticket``) that did not simply
     succeed: ``first()`` makes its Outcome (the slot still held), the gate gives the
     slot back and records it, and the engine drives any retry with ``send``."""
-    gate = call.lane.gate
     try:
         outcome = first()
     except BaseException:
-        if gate is not None:
-            gate.abandon()
+        call.lane.abandon()
         raise
-    if gate is not None:
-        gate.settle(ticket, call.started, outcome[1])
-    if outcome[0] is None:
+    if _settled(call, ticket, outcome):
         return outcome.result()
     return call.run.run(with_bulkhead(call, send), first=outcome).result()
+
+
+def _settled(call: HttpCall, ticket: Any, outcome: Outcome) -> bool:
+    # The gate's slot back and the outcome recorded; True when it ends the call.
+    gate = call.lane.gate
+    if gate is not None:
+        gate.settle(ticket, call.started, outcome[1])
+    return outcome[0] is None
 
 
 async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]) -> Any:
@@ -595,16 +641,12 @@ async def aresume(
     asend: Callable[[], Awaitable[Outcome]],
 ) -> Any:
     """Async twin of :func:`resume`."""
-    gate = call.lane.gate
     try:
         outcome = await first()
     except BaseException:
-        if gate is not None:
-            gate.abandon()
+        call.lane.abandon()
         raise
-    if gate is not None:
-        gate.settle(ticket, call.started, outcome[1])
-    if outcome[0] is None:
+    if _settled(call, ticket, outcome):
         return outcome.result()
     return (await call.run.arun(awith_bulkhead(call, asend), first=outcome)).result()
 

@@ -257,12 +257,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             names = b" ".join([name for name, _ in headers.raw]).lower()
         return b"rate" in names and (b"ratelimit" in names or b"rate-limit" in names)
 
-    def _plain(self, lane: Lane, response: httpx.Response) -> bool:
-        """Whether ``response`` ends the call as it is, with nothing for the guard to learn."""
-        return response.status_code < 400 and not (
-            lane.observes and self.names_quota(response.headers)
-        )
-
     def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
         request = call.request
 
@@ -277,7 +271,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         return send
 
     def _outcome(self, call: HttpCall, response: httpx.Response) -> Outcome:
-        if self._plain(call.lane, response):
+        if self.plain(call.lane, response):
             return _success(response)
         if _wants_body(response):
             try:
@@ -305,7 +299,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         return asend
 
     async def _aoutcome(self, call: HttpCall, response: httpx.Response) -> Outcome:
-        if self._plain(call.lane, response):
+        if self.plain(call.lane, response):
             return _success(response)
         if _wants_body(response):
             try:
@@ -317,84 +311,61 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             response, response.status_code, response.headers, _body(response)
         )
 
+    def _first(self, call: HttpCall, result: Any) -> Outcome:
+        if isinstance(result, Exception):
+            return call.error(_failure_kind(result), result)
+        return self._outcome(call, result)
+
+    async def _afirst(self, call: HttpCall, result: Any) -> Outcome:
+        if isinstance(result, Exception):
+            return call.error(_failure_kind(result), result)
+        return await self._aoutcome(call, result)
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
-        url = request.url
-        lane = self.bare_lane or self.lane(_origin_key(url), url, _origin)
-        started = self.monotonic()
-        gate = lane.gate
-        ticket = True if gate is None else gate.enter(started)
+        lane, started, ticket = self.open(request.url, _origin_key, _origin)
         if ticket is None:
             call = self._call(request, lane, started)
-            response: httpx.Response = first_attempt(
-                call, with_bulkhead(call, self._send(call, inner))
-            )
-            return response
+            return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
         try:
             if request.extensions.get("timeout") != lane.fitting:
                 _cap_first(request, lane)
-            response = inner.handle_request(request)
-        except Exception as exc:
-            call = self._call(request, lane, started)
-            error = call.error(_failure_kind(exc), exc)
-            return resume(call, ticket, lambda: error, self._send(call, inner))  # type: ignore[no-any-return]
-        except BaseException:
-            if gate is not None:
-                gate.abandon()
-            raise
-        if response.status_code < 400 and not (
-            lane.observes and self.names_quota(response.headers)
-        ):
-            if gate is not None:
-                gate.settle(ticket, started)
-            return response
+            response: Any = inner.handle_request(request)
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        if self.passes(lane, ticket, started, response):
+            return response  # type: ignore[no-any-return]
+        return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+
+    def _resume(
+        self,
+        request: httpx.Request,
+        lane: Lane,
+        started: float,
+        ticket: Any,
+        response: Any,
+        inner: httpx.BaseTransport,
+    ) -> Any:
         call = self._call(request, lane, started)
-        return resume(  # type: ignore[no-any-return]
-            call, ticket, lambda: self._outcome(call, response), self._send(call, inner)
-        )
+        return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._async_inner or self._async()
-        url = request.url
-        lane = self.bare_lane or self.lane(_origin_key(url), url, _origin)
-        started = self.monotonic()
-        gate = lane.gate
-        ticket = True if gate is None else gate.enter(started)
+        lane, started, ticket = self.open(request.url, _origin_key, _origin)
         if ticket is None:
             call = self._call(request, lane, started)
-            response: httpx.Response = await afirst_attempt(
-                call, awith_bulkhead(call, self._asend(call, inner))
-            )
-            return response
+            return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
         try:
             if request.extensions.get("timeout") != lane.fitting:
                 _cap_first(request, lane)
-            response = await inner.handle_async_request(request)
-        except Exception as exc:
-            call = self._call(request, lane, started)
-            error = call.error(_failure_kind(exc), exc)
-            return await aresume(call, ticket, _ready(error), self._asend(call, inner))  # type: ignore[no-any-return]
-        except BaseException:
-            if gate is not None:
-                gate.abandon()
-            raise
-        if response.status_code < 400 and not (
-            lane.observes and self.names_quota(response.headers)
-        ):
-            if gate is not None:
-                gate.settle(ticket, started)
-            return response
+            response: Any = await inner.handle_async_request(request)
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        if self.passes(lane, ticket, started, response):
+            return response  # type: ignore[no-any-return]
         call = self._call(request, lane, started)
-        return await aresume(  # type: ignore[no-any-return]
-            call, ticket, lambda: self._aoutcome(call, response), self._asend(call, inner)
-        )
-
-
-def _ready(outcome: Outcome) -> Callable[[], Awaitable[Outcome]]:
-    async def ready() -> Outcome:
-        return outcome
-
-    return ready
+        first = lambda: self._afirst(call, response)  # noqa: E731
+        return await aresume(call, ticket, first, self._asend(call, inner))  # type: ignore[no-any-return]
 
 
 _LOWER_NAME = operator.itemgetter(1)

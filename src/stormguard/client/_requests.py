@@ -115,43 +115,36 @@ class RetryAdapter(HttpFront, HTTPAdapter):
     ) -> requests.Response:
         # As RetryTransport.handle_request: the lane's gate first, the general path
         # of client/_front.py for anything but a plain success.
-        url = request.url or ""
-        lane = self.bare_lane or self.lane(_origin_key(url), url, origin_of)
-        started = self.monotonic()
-        gate = lane.gate
-        ticket = True if gate is None else gate.enter(started)
+        lane, started, ticket = self.open(request.url or "", _origin_key, origin_of)
         options = (stream, timeout, verify, cert, proxies)
         if ticket is None:
             call = self._call(request, lane, started)
-            result: requests.Response = first_attempt(
-                call, with_bulkhead(call, self._send(call, options))
-            )
-            return result
+            return first_attempt(call, with_bulkhead(call, self._send(call, options)))  # type: ignore[no-any-return]
         if timeout != lane.fitting:  # else: found within the deadline before
             capped = _cap_timeout(timeout, lane.deadline)
             if capped == timeout:
                 lane.fitting = timeout
             timeout = capped
         try:
-            response = super().send(request, stream, timeout, verify, cert, proxies)  # type: ignore[arg-type]
-        except Exception as exc:
-            call = self._call(request, lane, started)
-            error = call.error(_failure_kind(exc), exc)
-            return resume(call, ticket, lambda: error, self._send(call, options))  # type: ignore[no-any-return]
-        except BaseException:
-            if gate is not None:
-                gate.abandon()
-            raise
-        if response.status_code < 400 and not (
-            lane.observes and self.names_quota(response.headers)
-        ):
-            if gate is not None:
-                gate.settle(ticket, started)
-            return response
+            response: Any = super().send(request, stream, timeout, verify, cert, proxies)  # type: ignore[arg-type]
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        if self.passes(lane, ticket, started, response):
+            return response  # type: ignore[no-any-return]
+        return self._resume(request, lane, started, ticket, response, options)
+
+    def _resume(
+        self,
+        request: requests.PreparedRequest,
+        lane: Lane,
+        started: float,
+        ticket: Any,
+        response: Any,
+        options: tuple[Any, ...],
+    ) -> requests.Response:
         call = self._call(request, lane, started)
-        return resume(  # type: ignore[no-any-return]
-            call, ticket, lambda: self._outcome(call, response), self._send(call, options)
-        )
+        first = lambda: self._first(call, response)  # noqa: E731
+        return resume(call, ticket, first, self._send(call, options))  # type: ignore[no-any-return]
 
     def _call(self, request: requests.PreparedRequest, lane: Lane, started: float) -> HttpCall:
         url = request.url or ""
@@ -171,9 +164,14 @@ class RetryAdapter(HttpFront, HTTPAdapter):
 
         return send_once
 
+    def _first(self, call: HttpCall, result: Any) -> Outcome:
+        if isinstance(result, Exception):
+            return call.error(_failure_kind(result), result)
+        return self._outcome(call, result)
+
     def _outcome(self, call: HttpCall, response: requests.Response) -> Outcome:
         status = response.status_code
-        if status < 400 and not (call.lane.observes and self.names_quota(response.headers)):
+        if self.plain(call.lane, response):
             return _success(response)
         small = status >= 400 and body_worth_reading(status, response.headers.get("content-length"))
         try:

@@ -40,6 +40,7 @@ from ..stores._memory import MemoryStore
 from ._breaker_store import BreakerStore, RemoteAdmission
 from ._memory_cells import memory_cell
 from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
+from ._tally import drained
 
 __all__ = ["CircuitBreaker"]
 
@@ -335,10 +336,8 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
 
     def _drain(self) -> None:
         # Lock held: count the successes queued by the lock-free fast path.
-        pending = self._pending
-        if pending:
-            count = len(pending)
-            del pending[:count]
+        count = drained(self._pending)
+        if count:
             self._core.add_successes(count)
 
     def _outcome(

@@ -25,6 +25,7 @@ from ..core._budget import RetryBudgetCore
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth
 from ..stores._memory import MemoryStore
 from ._memory_cells import memory_cell
+from ._tally import drained
 
 __all__ = ["RetryBudget"]
 
@@ -175,10 +176,8 @@ class RetryBudget:
 
     def _count_deposits(self) -> None:
         # Lock held: count the queued deposits into the bucket they were made in.
-        deposits = self._deposits
-        if deposits:
-            count = len(deposits)
-            del deposits[:count]
+        count = drained(self._deposits)
+        if count:
             self._core.add_requests(count)
 
     def _local_request(self) -> None:
