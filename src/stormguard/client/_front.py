@@ -183,7 +183,9 @@ class HttpFront:
     def passes(self, lane: Lane, ticket: Any, started: float, response: Any) -> bool:
         """:meth:`plain` for the result of a first attempt on the gate (a response
         or an error); the gate is settled when it passes."""
-        if isinstance(response, BaseException) or not self.plain(lane, response):
+        if isinstance(response, BaseException) or response.status_code >= 400:
+            return False
+        if lane.observes and self.names_quota(response.headers):
             return False
         gate = lane.gate
         if gate is not None:

@@ -95,8 +95,11 @@ class RetryAdapter(HttpFront, HTTPAdapter):
     @staticmethod
     def names_quota(headers: Any) -> bool:
         """Whether a rate-limit header is among requests ``headers`` (one pass)."""
-        names = " ".join(headers).lower()
-        return "ratelimit" in names or "rate-limit" in names
+        try:  # a CaseInsensitiveDict keeps its names lower-cased as its keys
+            names = " ".join(headers._store)
+        except AttributeError:
+            names = " ".join(headers).lower()
+        return "rate" in names and ("ratelimit" in names or "rate-limit" in names)
 
     @staticmethod
     def replayable(request: Any) -> bool:
