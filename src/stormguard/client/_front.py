@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -18,7 +18,14 @@ from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
 from ..core._ratelimit_headers import Quota, parse_rate_limits
-from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
+from ..protection._origin import (
+    COOLDOWN_STATUSES,
+    OriginGuard,
+    OriginGuards,
+    Protection,
+    guards_for,
+    unknown_keywords,
+)
 from ..protection._quick import QuickGuard, quick_guard
 from ._driver import Detail, Engine, RetryHook, Run
 from ._driver import _twin as twin
@@ -32,6 +39,7 @@ from ._http import (
 )
 
 __all__ = [
+    "FrontOptions",
     "HttpCall",
     "HttpFront",
     "Lane",
@@ -49,7 +57,18 @@ __all__ = [
 # What an origin guard observes of a response: status, header pairs, parsed hint.
 Observation = tuple[int, list[tuple[str, str]], float | None]
 
-_PROTECTION = ("breaker", "budget", "bulkhead", "cooldown", "pacing", "store", "guards")
+
+class FrontOptions(Protection, total=False):
+    """The keywords of both HTTP adapters (see RetryTransport's docstring)."""
+
+    policy: RetryPolicy | None
+    retry_if: Callable[[Any], bool | None] | None
+    idempotency_keys: bool
+    on_retry: RetryHook | Sequence[RetryHook]
+    body_excerpt: int
+    clock: Clock | None
+    rng: random.Random | None
+    guards: OriginGuards | None
 
 
 def with_retry_if(policy: RetryPolicy | None, retry_if: Any) -> RetryPolicy:
@@ -115,15 +134,15 @@ class HttpFront:
         """Whether the library's request has a body that can be sent again."""
         raise NotImplementedError
 
-    def _configure(self, keywords: dict[str, Any]) -> None:
-        """Take the adapter's keywords (its ``locals()``): policy, keys, hooks, protection."""
-        policy: RetryPolicy | None = keywords["policy"]
-        on_retry: RetryHook | Sequence[RetryHook] = keywords["on_retry"]
-        clock: Clock | None = keywords["clock"]
-        rng: random.Random | None = keywords["rng"]
-        self.policy = with_retry_if(policy, keywords["retry_if"])
-        self.idempotency_keys = bool(keywords["idempotency_keys"])
-        body_excerpt = keywords["body_excerpt"]
+    def _configure(self, owner: str, options: FrontOptions, known: Iterable[str] = ()) -> None:
+        """Take the adapter's keywords (see :class:`FrontOptions`): policy, keys, hooks,
+        protection; ``known`` names the further ones ``owner`` takes itself."""
+        unknown_keywords(owner, options, {*FrontOptions.__optional_keys__, *known})
+        on_retry = options.get("on_retry", ())
+        clock, rng = options.get("clock"), options.get("rng")
+        self.policy = with_retry_if(options.get("policy"), options.get("retry_if"))
+        self.idempotency_keys = bool(options.get("idempotency_keys", False))
+        body_excerpt = options.get("body_excerpt", BODY_EXCERPT)
         if (
             not isinstance(body_excerpt, int)
             or isinstance(body_excerpt, bool)
@@ -137,8 +156,12 @@ class HttpFront:
         self.clock = clock or SYSTEM_CLOCK
         self.monotonic = time.monotonic if self.clock is SYSTEM_CLOCK else self.clock.monotonic
         self.rng = rng
-        protection = {name: keywords[name] for name in _PROTECTION}
-        self.guards = guards_for(**protection, clock=clock, rng=rng)
+        protection: Protection = {  # type: ignore[assignment]
+            name: options[name]  # type: ignore[literal-required]
+            for name in Protection.__optional_keys__
+            if name in options
+        }
+        self.guards = guards_for(guards=options.get("guards"), clock=clock, rng=rng, **protection)
         self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
         self._lanes: dict[Any, Lane] = {}
         # With every protection off no request needs an origin: one lane for all.

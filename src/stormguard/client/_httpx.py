@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import math
 import operator
-import random
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Unpack
 
 import httpx
 
-from .._clock import Clock
 from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import RetryPolicy
-from ..protection._origin import OriginGuards
-from ._driver import RetryHook
 from ._front import (
+    FrontOptions,
     HttpCall,
     HttpFront,
     Lane,
@@ -169,26 +165,12 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def __init__(
         self,
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
-        *,
-        policy: RetryPolicy | None = None,
-        retry_if: Callable[[Any], bool | None] | None = None,
-        idempotency_keys: bool = False,
-        on_retry: RetryHook | Sequence[RetryHook] = (),
-        body_excerpt: int = 4096,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        breaker: Any = True,
-        budget: Any = True,
-        bulkhead: Any = True,
-        cooldown: Any = True,
-        pacing: Any = True,
-        store: Any = None,
-        guards: OriginGuards | None = None,
+        **options: Unpack[FrontOptions],
     ) -> None:
         self._inner = transport
         self._sync_inner: httpx.BaseTransport | None = None
         self._async_inner: httpx.AsyncBaseTransport | None = None
-        self._configure(locals())
+        self._configure("RetryTransport", options)
 
     # -- delegation -------------------------------------------------------------
 

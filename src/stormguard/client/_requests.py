@@ -5,9 +5,8 @@
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Unpack
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -17,16 +16,33 @@ from urllib3.exceptions import (
     NewConnectionError,
 )
 
-from .._clock import Clock
 from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import RetryPolicy
-from ..protection._origin import OriginGuards, origin_of
-from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, Lane, _success, first_attempt, resume, with_bulkhead
+from ..protection._origin import origin_of
+from ._front import (
+    FrontOptions,
+    HttpCall,
+    HttpFront,
+    Lane,
+    _success,
+    first_attempt,
+    resume,
+    with_bulkhead,
+)
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
+
+
+class RequestsOptions(FrontOptions, total=False):
+    """RetryAdapter's keywords: the adapters' own, and HTTPAdapter's pool settings."""
+
+    pool_connections: int
+    pool_maxsize: int
+    pool_block: bool
+
+
+_POOL = ("pool_connections", "pool_maxsize", "pool_block")
 
 _NEVER_CONNECTED = (NewConnectionError, ConnectTimeoutError, NameResolutionError)
 
@@ -63,29 +79,12 @@ class RetryAdapter(HttpFront, HTTPAdapter):
     default and off with ``False``.
     """
 
-    def __init__(
-        self,
-        *,
-        policy: RetryPolicy | None = None,
-        retry_if: Callable[[Any], bool | None] | None = None,
-        idempotency_keys: bool = False,
-        on_retry: RetryHook | Sequence[RetryHook] = (),
-        body_excerpt: int = 4096,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        breaker: Any = True,
-        budget: Any = True,
-        bulkhead: Any = True,
-        cooldown: Any = True,
-        pacing: Any = True,
-        store: Any = None,
-        guards: OriginGuards | None = None,
-        **adapter_kwargs: Any,
-    ) -> None:
-        if "max_retries" in adapter_kwargs:
+    def __init__(self, **options: Unpack[RequestsOptions]) -> None:
+        if "max_retries" in options:
             raise TypeError("RetryAdapter decides retries itself; do not pass max_retries")
-        super().__init__(max_retries=0, **adapter_kwargs)
-        self._configure(locals())
+        pool = {name: options.pop(name) for name in _POOL if name in options}  # type: ignore[misc]
+        super().__init__(max_retries=0, **pool)
+        self._configure("RetryAdapter", options)
 
     @staticmethod
     def pairs(headers: Any) -> list[tuple[str, str]]:
