@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Awaitable, Callable
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
@@ -32,6 +32,7 @@ from ._http import body_worth_reading
 __all__ = ["RetryTransport"]
 
 _INF = math.inf
+T = TypeVar("T")
 
 _NOT_SENT: tuple[type[Exception], ...] = (
     httpx.ConnectError,
@@ -176,23 +177,25 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def _sync(self) -> httpx.BaseTransport:
         if self._sync_inner is None:
-            if self._inner is None:
-                self._sync_inner = httpx.HTTPTransport()
-            elif isinstance(self._inner, httpx.BaseTransport):
-                self._sync_inner = self._inner
-            else:
-                raise TypeError("the inner transport is async-only; use httpx.AsyncClient")
+            self._sync_inner = self._wrapped(
+                httpx.BaseTransport, httpx.HTTPTransport, "async-only; use httpx.AsyncClient"
+            )
         return self._sync_inner
 
     def _async(self) -> httpx.AsyncBaseTransport:
         if self._async_inner is None:
-            if self._inner is None:
-                self._async_inner = httpx.AsyncHTTPTransport()
-            elif isinstance(self._inner, httpx.AsyncBaseTransport):
-                self._async_inner = self._inner
-            else:
-                raise TypeError("the inner transport is sync-only; use httpx.Client")
+            self._async_inner = self._wrapped(
+                httpx.AsyncBaseTransport, httpx.AsyncHTTPTransport, "sync-only; use httpx.Client"
+            )
         return self._async_inner
+
+    def _wrapped(self, kind: type[T], default: Callable[[], T], otherwise: str) -> T:
+        # The inner transport for one protocol: the one given, or a default one.
+        if self._inner is None:
+            return default()
+        if isinstance(self._inner, kind):
+            return self._inner
+        raise TypeError(f"the inner transport is {otherwise}")
 
     def close(self) -> None:
         if self._sync_inner is not None:
