@@ -288,3 +288,22 @@ def test_threads_mixing_lock_free_and_waiting_acquires_lose_no_slot() -> None:
         thread.join(120)
     assert not failures
     assert peak <= 3 and bulkhead.in_flight == 0 and bulkhead.waiting == 0
+
+
+class _MissesOnce(Bulkhead):
+    """A bulkhead whose first lock-free look misses a slot (as if freed just after it)."""
+
+    missed = False
+
+    def try_acquire(self) -> bool:
+        if not self.missed:
+            self.missed = True
+            return False
+        return super().try_acquire()
+
+
+def test_a_caller_that_just_missed_a_free_slot_gets_it_once_queued() -> None:
+    """The free slot goes to the queue's head as the caller joins it: no wait, no refusal."""
+    bulkhead = _MissesOnce(1)  # max_wait=0: a caller left queued would be refused
+    bulkhead.acquire()
+    assert bulkhead.in_flight == 1 and bulkhead.waiting == 0
