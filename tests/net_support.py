@@ -6,8 +6,22 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import pytest
+
+# A fixture that starts a server (an app factory, plus environment) and returns its base URL.
+Serve = Callable[..., str]
+
+
+class RedisLike(Protocol):
+    """The interface of a Redis the test owns (``owned_redis``) that outage tests use."""
+
+    url: str
+
+    def stop(self) -> None: ...
+    def start(self) -> None: ...
+
 
 # How often a test polls a server it started (never a backoff wait).
 POLL_INTERVAL = 0.02

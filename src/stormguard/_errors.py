@@ -20,6 +20,7 @@ raises is never wrapped except by :class:`RetryError`, which keeps it as
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class MissingExtra(StormguardError, ImportError):
         )
 
 
+# An exception with fields: the dataclass writes the keyword-only constructor;
+# identity equality, hashing and the message-only repr stay Exception's.
+@dataclass(eq=False, repr=False)
 class RetryError(StormguardError):
     """A retrying call stopped without success.
 
@@ -79,29 +83,22 @@ class RetryError(StormguardError):
     headers said was used up; both are ``None`` otherwise.
     """
 
-    def __init__(
-        self,
-        reason: str,
-        *,
-        attempts: int,
-        last_exception: BaseException | None = None,
-        last_result: Any = None,
-        hint: float | None = None,
-        response_body: str | None = None,
-        quota: Quota | None = None,
-    ) -> None:
-        self.reason = reason
-        self.response_body = response_body
-        self.quota = quota
-        self.attempts = attempts
-        self.last_exception = last_exception
-        self.last_result = last_result
-        self.hint = hint
-        detail = f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {reason}"
+    reason: str
+    _: KW_ONLY
+    attempts: int
+    last_exception: BaseException | None = None
+    last_result: Any = None
+    hint: float | None = None
+    response_body: str | None = None
+    quota: Quota | None = None
+
+    def __post_init__(self) -> None:
+        attempts, hint, last = self.attempts, self.hint, self.last_exception
+        detail = f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}: {self.reason}"
         if hint is not None:
             detail += f" (server asked to wait {hint:.3f}s)"
-        if last_exception is not None:
-            detail += f"; last error: {type(last_exception).__name__}: {last_exception}"
+        if last is not None:
+            detail += f"; last error: {type(last).__name__}: {last}"
         super().__init__(detail)
 
 

@@ -3,6 +3,8 @@
 Breakers, bulkheads, stores and the mock server are all context managers. Each says only what
 entering and leaving mean (``_enter``/``_exit``, ``_aenter``/``_aexit``); these mixins carry the
 protocol's signatures, so the typed ``__exit__(exc_type, exc, tb)`` boilerplate lives here alone.
+A context manager that may swallow what escaped its block (``retrying()``'s attempts) spells
+its own ``__exit__(self, *exc_info: *ExcInfo) -> bool``: the triple is named once, here.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar, overload
+from typing import Any, ParamSpec, Self, TypeAlias, TypeVar, overload
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+ExcInfo: TypeAlias = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+"""What ``__exit__`` / ``__aexit__`` receive: the exception's type, the exception, its traceback."""
 
 
 class Scope:
@@ -32,13 +37,8 @@ class Scope:
         self._enter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._exit(exc)
+    def __exit__(self, *exc_info: *ExcInfo) -> None:
+        self._exit(exc_info[1])
 
 
 class AsyncScope:
@@ -56,13 +56,8 @@ class AsyncScope:
         await self._aenter()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._aexit(exc)
+    async def __aexit__(self, *exc_info: *ExcInfo) -> None:
+        await self._aexit(exc_info[1])
 
 
 def wrapped(

@@ -5,28 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 
-from net_support import free_port, listening, wait_started
+from net_support import Serve, free_port, listening, wait_started
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
-
-
-Serve = Callable[..., str]
-
-
-class RedisLike(Protocol):
-    """The session Redis fixture's interface that outage tests use."""
-
-    url: str
-
-    def stop(self) -> None: ...
-    def start(self) -> None: ...
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from asgi_apps import respond
 
-from conftest import Serve
+from net_support import Serve
 from stormguard._errors import ConfigError
 from stormguard.asgi import ConcurrencyMiddleware
 from stormguard.server._admission import Admission

@@ -99,3 +99,29 @@ async def test_example_app_limits_and_replays() -> None:
     assert searches == [200] * 10 + [429]
     assert (paid.status_code, again.status_code, changed.status_code) == (201, 201, 422)
     assert again.headers["idempotent-replayed"] == "true" and again.json() == {"charged": 5}
+
+
+async def test_dependency_takes_the_middleware_store_options() -> None:
+    """A dead store with on_store_error="closed": 503 + Retry-After, as the middleware does."""
+    from net_support import free_port
+
+    app = FastAPI()
+    install(app)
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    closed = stormguard_limit("5/minute", store=dead, on_store_error="closed")
+    quiet = stormguard_limit("5/minute", headers_on_allowed=False)
+
+    @app.get("/closed", dependencies=[Depends(closed)])
+    async def fails_closed() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/quiet", dependencies=[Depends(quiet)])
+    async def no_headers() -> dict[str, bool]:
+        return {"ok": True}
+
+    async with client(app) as c:
+        refused = await c.get("/closed")
+        admitted = await c.get("/quiet")
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["status"] == 503
+    assert admitted.status_code == 200 and parse_rate_limits(admitted.headers, now=0) == ()

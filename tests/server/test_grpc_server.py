@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -255,3 +256,88 @@ async def test_aio_interceptor_limits_and_replays() -> None:
     assert int(dict(info.value.trailing_metadata())["grpc-retry-pushback-ms"]) > 0
     assert trailers.get("idempotent-replayed") == "true"
     assert runs == [b"x"]
+
+
+def test_keyed_duplicate_in_flight_is_aborted_with_pushback(make_app: Any) -> None:
+    """A duplicate while the first keyed call runs: ABORTED + pushback, not run twice."""
+    app = make_app(RateLimitServerInterceptor(idempotency=True))
+    app.gate.clear()
+    with app.channel() as channel, futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(call, channel, **{"idempotency-key": "k"})
+        assert app.entered.wait(30)
+        duplicate = call(channel, **{"idempotency-key": "k"})
+        app.gate.set()
+        assert first.result(30)[0] == b"charged:10:1"
+    assert duplicate.code() == grpc.StatusCode.ABORTED
+    assert dict(duplicate.trailing_metadata())["grpc-retry-pushback-ms"] == "1000"
+    assert app.runs == [b"10"]
+
+
+class AioApp:
+    """A grpc.aio server whose Charge can be held (``gate``) or made to fail once."""
+
+    def __init__(self) -> None:
+        self.runs: list[bytes] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.entered = asyncio.Event()
+        self.fail_first = False
+        self.server = grpc.aio.server(
+            interceptors=[AsyncRateLimitServerInterceptor(idempotency=True)]
+        )
+
+        async def charge(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            self.runs.append(request)
+            self.entered.set()
+            await self.gate.wait()
+            if self.fail_first and len(self.runs) == 1:
+                await context.abort(grpc.StatusCode.INTERNAL, "first attempt fails")
+            return b"ok:" + str(len(self.runs)).encode()
+
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE, {"Charge": grpc.unary_unary_rpc_method_handler(charge)}
+        )
+        self.server.add_generic_rpc_handlers((handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    async def call(self, channel: grpc.aio.Channel, key: str) -> Any:
+        """Call Charge with an idempotency key; the response or the AioRpcError."""
+        try:
+            return await channel.unary_unary(METHOD)(b"x", metadata=(("idempotency-key", key),))
+        except grpc.aio.AioRpcError as exc:
+            return exc
+
+
+@pytest.fixture
+async def aio_app() -> AsyncIterator[AioApp]:
+    """A started AioApp; stopped after the test."""
+    app = AioApp()
+    await app.server.start()
+    yield app
+    app.gate.set()
+    await app.server.stop(None)
+
+
+async def test_aio_keyed_duplicate_in_flight_is_aborted(aio_app: AioApp) -> None:
+    """grpc.aio: a duplicate while the first keyed call runs gets ABORTED + pushback."""
+    aio_app.gate.clear()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aio_app.port}") as channel:
+        first = asyncio.ensure_future(aio_app.call(channel, "k"))
+        await asyncio.wait_for(aio_app.entered.wait(), 30)
+        duplicate = await aio_app.call(channel, "k")
+        aio_app.gate.set()
+        assert await first == b"ok:1"
+    assert duplicate.code() == grpc.StatusCode.ABORTED
+    assert dict(duplicate.trailing_metadata())["grpc-retry-pushback-ms"] == "1000"
+    assert aio_app.runs == [b"x"]
+
+
+async def test_aio_failed_keyed_call_runs_again(aio_app: AioApp) -> None:
+    """grpc.aio: a keyed call ending in an error status is released; the retry runs."""
+    aio_app.fail_first = True
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aio_app.port}") as channel:
+        failed = await aio_app.call(channel, "k")
+        retried = await aio_app.call(channel, "k")
+        replayed = await aio_app.call(channel, "k")
+    assert failed.code() == grpc.StatusCode.INTERNAL
+    assert retried == replayed == b"ok:2"

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from conftest import Serve
+from net_support import Serve
 from stormguard import NoBackoff, RetryPolicy
 from stormguard.httpx import RetryTransport
 

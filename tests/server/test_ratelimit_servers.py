@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from conftest import Serve
+from net_support import Serve
 from stormguard import parse_rate_limits
 
 pytestmark = pytest.mark.redis
@@ -39,7 +39,7 @@ def test_redis_killed_mid_run(
     uvicorn_app: Serve, owned_redis: object, mode: str, during: set[int]
 ) -> None:
     """Killing Redis: each on_store_error mode answers as documented, never a 500."""
-    from conftest import RedisLike
+    from net_support import RedisLike
 
     redis: RedisLike = owned_redis  # type: ignore[assignment]
     env = {"SG_REDIS": redis.url, "SG_PREFIX": "kill:", "SG_LIMIT": "3/minute", "SG_MODE": mode}

@@ -12,7 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from conftest import Serve
+from net_support import Serve
 from stormguard import parse_rate_limits
 from stormguard._errors import ConfigError
 from stormguard.asgi import WebSocketLimits

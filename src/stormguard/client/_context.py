@@ -10,18 +10,13 @@
 # RetryError is raised from the block. `async for` works the same way.
 from __future__ import annotations
 
-import random
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
-from datetime import timedelta
-from types import TracebackType
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Unpack
 
-from .._clock import Clock
-from ..core._backoff import Backoff
+from .._scope import ExcInfo
 from ..core._engine import Outcome
-from ..core._policy import RetryPolicy
-from ._decorator import UNSET, Config, ExceptionFilter, conclude, configure, policy_fields
-from ._driver import RetryHook, Run
+from ._decorator import Config, RetryOptions, conclude, configure
+from ._driver import Run
 
 __all__ = ["Attempt", "Retrying", "retrying"]
 
@@ -59,9 +54,18 @@ class Attempt:
             return None  # KeyboardInterrupt, CancelledError, SystemExit pass through
         return self._config.judge(exc)
 
-    def _after(self, more: bool) -> bool:
-        # The call went on to another attempt (swallow the exception), or ended.
+    def _report(self, exc: BaseException | None) -> Outcome | None:
+        # The block's outcome, kept for the loop; None: not an attempt's outcome
+        # (the block was interrupted) -- the call ends and its permit goes back.
+        self.outcome = self._judge(exc)
+        return self.outcome
+
+    def _after(self, more: bool, outcome: Outcome, exc: BaseException | None) -> bool:
+        # The call was driven on: another attempt (swallow the exception), or the end
+        # (an exception not ours leaves as it is; else the answer or RetryError).
         self.driven = True
+        if outcome.failure is None and exc is not None:
+            return False
         if more:
             self.finished = False
             state = self._run.conversation.state
@@ -74,42 +78,26 @@ class Attempt:
     def __enter__(self) -> Attempt:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        outcome = self.outcome = self._judge(exc)
+    def __exit__(self, *exc_info: *ExcInfo) -> bool:
+        outcome = self._report(exc_info[1])
         if outcome is None:
             if self._sync:  # in `async for`, the loop gives the permit back (awaited)
                 self._run.release()
             return False
         if not self._sync:  # `async for`: the loop awaits the rest
             return outcome.failure is not None
-        if outcome.failure is None and exc is not None:  # not ours: leave at once
-            self._run.advance(self._run.sent(outcome))
-            return False
-        return self._after(self._run.advance(self._run.sent(outcome)))
+        return self._after(self._run.advance(self._run.sent(outcome)), outcome, exc_info[1])
 
     async def __aenter__(self) -> Attempt:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        outcome = self.outcome = self._judge(exc)
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
+        outcome = self._report(exc_info[1])
         if outcome is None:
             await self._run.arelease()
             return False
         more = await self._run.aadvance(self._run.sent(outcome))
-        if outcome.failure is None and exc is not None:
-            self.driven = True
-            return False
-        return self._after(more)
+        return self._after(more, outcome, exc_info[1])
 
 
 class Retrying:
@@ -163,24 +151,7 @@ class Retrying:
             await run.arelease()  # a permit whose block never reported back
 
 
-def retrying(
-    *,
-    on: ExceptionFilter = Exception,
-    attempts: int = UNSET,
-    backoff: Backoff = UNSET,
-    deadline: float | timedelta | None = UNSET,
-    max_wait: float | timedelta = UNSET,
-    retry_statuses: Collection[int] = UNSET,
-    budget: Any = UNSET,
-    breaker: Any = UNSET,
-    retry_if: Callable[[Any], bool | None] | None = UNSET,
-    reraise: bool = UNSET,
-    policy: RetryPolicy | None = None,
-    on_retry: RetryHook | Sequence[RetryHook] = (),
-    clock: Clock | None = None,
-    rng: random.Random | None = None,
-    name: str = "retrying block",
-) -> Retrying:
+def retrying(*, name: str = "retrying block", **options: Unpack[RetryOptions]) -> Retrying:
     """Retry a block of code: the loop form of :func:`stormguard.retry`.
 
     >>> for attempt in retrying(on=OSError, attempts=3):
@@ -192,12 +163,4 @@ def retrying(
     succeeds ends the loop; one that raises an exception matched by ``on`` is
     retried after the wait, or raises :class:`RetryError` when the policy gives up.
     """
-    config = configure(
-        on=on,
-        fields=policy_fields(locals()),
-        policy=policy,
-        on_retry=on_retry,
-        clock=clock,
-        rng=rng,
-    )
-    return Retrying(config, name)
+    return Retrying(configure("retrying", options), name)

@@ -11,7 +11,7 @@ import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError, RetryError
@@ -22,7 +22,7 @@ from ._driver import Detail, Engine, RetryHook
 from ._front import excerpt, exhausted_quota
 from ._http import BODY_HINT_STATUSES, response_failure
 
-__all__ = ["retry"]
+__all__ = ["RetryOptions", "retry"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -30,18 +30,6 @@ T = TypeVar("T")
 ExceptionFilter = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 )
-
-
-class _PolicyDefault:
-    # Marks a keyword left to RetryPolicy's own default (shown as such in help()).
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<RetryPolicy default>"
-
-
-UNSET: Any = _PolicyDefault()
-_UNSET = UNSET
 
 
 class _Judge:
@@ -169,26 +157,67 @@ class Config:
     engine: Engine
 
 
-def configure(
-    *,
-    on: ExceptionFilter,
-    fields: dict[str, Any],
-    policy: RetryPolicy | None,
-    on_retry: RetryHook | Sequence[RetryHook],
-    clock: Clock | None,
-    rng: random.Random | None,
-) -> Config:
-    """Validate the keywords into a policy, a judge and an engine (ConfigError on bad input)."""
-    given = {name: value for name, value in fields.items() if value is not _UNSET}
+class RetryOptions(TypedDict, total=False):
+    """The keywords :func:`retry` and :func:`retrying` share, each optional.
+
+    ``on`` (default ``Exception``); the :class:`RetryPolicy` fields ``attempts``,
+    ``backoff``, ``deadline``, ``max_wait``, ``retry_statuses``, ``budget``,
+    ``breaker``, ``retry_if``, ``reraise`` (omitted: the policy's own defaults) or a
+    ready ``policy``; ``on_retry`` hooks; ``clock`` and ``rng`` (tests inject them).
+    """
+
+    on: ExceptionFilter
+    attempts: int
+    backoff: Backoff
+    deadline: float | timedelta | None
+    max_wait: float | timedelta
+    retry_statuses: Collection[int]
+    budget: Any
+    breaker: Any
+    retry_if: Callable[[Any], bool | None] | None
+    reraise: bool
+    policy: RetryPolicy | None
+    on_retry: RetryHook | Sequence[RetryHook]
+    clock: Clock | None
+    rng: random.Random | None
+
+
+_POLICY_FIELDS = (
+    "attempts",
+    "backoff",
+    "deadline",
+    "max_wait",
+    "retry_statuses",
+    "budget",
+    "breaker",
+    "retry_if",
+    "reraise",
+)
+
+
+def configure(front: str, options: RetryOptions) -> Config:
+    """Validate a front end's keywords into a policy, a judge and an engine.
+
+    ConfigError on bad values; TypeError, as for any function, on a keyword that
+    is not an option.
+    """
+    keywords: dict[str, Any] = dict(options)
+    for name in keywords:
+        if name not in RetryOptions.__optional_keys__:
+            raise TypeError(f"{front}() got an unexpected keyword argument {name!r}")
+    given = {name: keywords[name] for name in _POLICY_FIELDS if name in keywords}
+    policy = options.get("policy")
     if policy is not None and given:
         raise ConfigError("policy", f"pass either policy= or its fields, not both ({given})")
     resolved = policy if policy is not None else RetryPolicy(**given)
+    on = options.get("on", Exception)
     if (isinstance(on, type) and issubclass(on, BaseException)) or isinstance(on, tuple):
         resolved = resolved.replace(retry_exceptions=on)
+    on_retry = options.get("on_retry", ())
     hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
-    the_clock = clock or SYSTEM_CLOCK
+    the_clock = options.get("clock") or SYSTEM_CLOCK
     judge = _Judge(on, resolved, the_clock)
-    return Config(resolved, judge, Engine(clock=the_clock, rng=rng, hooks=hooks))
+    return Config(resolved, judge, Engine(clock=the_clock, rng=options.get("rng"), hooks=hooks))
 
 
 def conclude(finish: Finish, policy: RetryPolicy) -> Any:
@@ -222,42 +251,12 @@ def retry(fn: Callable[P, T], /) -> Callable[P, T]: ...
 
 @overload
 def retry(
-    *,
-    on: ExceptionFilter = ...,
-    attempts: int = ...,
-    backoff: Backoff = ...,
-    deadline: float | timedelta | None = ...,
-    max_wait: float | timedelta = ...,
-    retry_statuses: Collection[int] = ...,
-    budget: Any = ...,
-    breaker: Any = ...,
-    retry_if: Callable[[Any], bool | None] | None = ...,
-    reraise: bool = ...,
-    policy: RetryPolicy | None = ...,
-    on_retry: RetryHook | Sequence[RetryHook] = ...,
-    clock: Clock | None = ...,
-    rng: random.Random | None = ...,
+    **options: Unpack[RetryOptions],
 ) -> Callable[[Callable[P, T]], Callable[P, T]]: ...
 
 
 def retry(
-    fn: Callable[P, T] | None = None,
-    /,
-    *,
-    on: ExceptionFilter = Exception,
-    attempts: int = _UNSET,
-    backoff: Backoff = _UNSET,
-    deadline: float | timedelta | None = _UNSET,
-    max_wait: float | timedelta = _UNSET,
-    retry_statuses: Collection[int] = _UNSET,
-    budget: Any = _UNSET,
-    breaker: Any = _UNSET,
-    retry_if: Callable[[Any], bool | None] | None = _UNSET,
-    reraise: bool = _UNSET,
-    policy: RetryPolicy | None = None,
-    on_retry: RetryHook | Sequence[RetryHook] = (),
-    clock: Clock | None = None,
-    rng: random.Random | None = None,
+    fn: Callable[P, T] | None = None, /, **options: Unpack[RetryOptions]
 ) -> Callable[P, T] | Callable[[Callable[P, T]], Callable[P, T]]:
     """Retry a sync or async callable when it raises an exception matched by ``on``.
 
@@ -287,14 +286,7 @@ def retry(
     ``"retry"`` or ``"give_up"``, ``target``, ``reason``, ``hint``, ``elapsed`` …)
     for structured log formatters. ``on_retry`` hooks get a :class:`RetryRecord`.
     """
-    config = configure(
-        on=on,
-        fields=policy_fields(locals()),
-        policy=policy,
-        on_retry=on_retry,
-        clock=clock,
-        rng=rng,
-    )
+    config = configure("retry", options)
     resolved, judge, engine = config.policy, config.judge, config.engine
 
     # Success-path fast lane: with no breaker and no budget there is nothing to
@@ -363,21 +355,3 @@ def retry(
     if fn is not None:
         return decorate(fn)
     return decorate
-
-
-_POLICY_FIELDS = (
-    "attempts",
-    "backoff",
-    "deadline",
-    "max_wait",
-    "retry_statuses",
-    "budget",
-    "breaker",
-    "retry_if",
-    "reraise",
-)
-
-
-def policy_fields(keywords: dict[str, Any]) -> dict[str, Any]:
-    """The RetryPolicy fields among a front end's keywords (``locals()``)."""
-    return {name: keywords[name] for name in _POLICY_FIELDS}

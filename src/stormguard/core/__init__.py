@@ -1,37 +1,17 @@
 """stormguard's pure decision core: no I/O, no clock reads, no sleeping.
 
 Everything here takes ``now`` (and an RNG where it draws) as input, so the same
-objects drive the real adapters and the simulator.
+objects drive the real adapters and the simulator. The package re-exports the
+outcome table (``_outcome``) and the retry policy (``_policy``): each module's
+``__all__`` is the one list of its names.
 """
 
 from __future__ import annotations
 
-from ._outcome import (
-    DEFAULT_RETRY_STATUSES,
-    IDEMPOTENT_METHODS,
-    Failure,
-    Verdict,
-    classify_error,
-    classify_status,
-    counts_against_server,
-    is_idempotent,
-)
-from ._policy import GiveUp, GiveUpReason, Retry, RetryFailure, RetryPolicy, RetryState, decide
+from . import _outcome, _policy
+from ._outcome import *  # noqa: F403
+from ._policy import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_RETRY_STATUSES",
-    "IDEMPOTENT_METHODS",
-    "Failure",
-    "GiveUp",
-    "GiveUpReason",
-    "Retry",
-    "RetryFailure",
-    "RetryPolicy",
-    "RetryState",
-    "Verdict",
-    "classify_error",
-    "classify_status",
-    "counts_against_server",
-    "decide",
-    "is_idempotent",
-]
+__all__: list[str] = []
+__all__ += _outcome.__all__
+__all__ += _policy.__all__

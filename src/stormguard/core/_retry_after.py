@@ -42,16 +42,21 @@ _WS = " \t\r\n"
 
 _DELAY_SECONDS = re.compile(r"[0-9]{1,40}(?:\.[0-9]{1,20})?")
 
+_HMS = r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})"
 _IMF_FIXDATE = re.compile(
-    r"([A-Za-z]{3}), ([0-9]{2}) ([A-Za-z]{3}) ([0-9]{4}) "
-    r"([0-9]{2}):([0-9]{2}):([0-9]{2}) [Gg][Mm][Tt]"
+    r"(?P<weekday>[A-Za-z]{3}), (?P<day>[0-9]{2}) (?P<month>[A-Za-z]{3}) (?P<year>[0-9]{4}) "
+    + _HMS
+    + r" [Gg][Mm][Tt]"
 )
-_RFC850_DATE = re.compile(
-    r"([A-Za-z]{6,9}), ([0-9]{2})-([A-Za-z]{3})-([0-9]{2}) "
-    r"([0-9]{2}):([0-9]{2}):([0-9]{2}) [Gg][Mm][Tt]"
+_RFC850_DATE = re.compile(  # the year has two digits
+    r"(?P<weekday>[A-Za-z]{6,9}), (?P<day>[0-9]{2})-(?P<month>[A-Za-z]{3})-(?P<year>[0-9]{2}) "
+    + _HMS
+    + r" [Gg][Mm][Tt]"
 )
 _ASCTIME_DATE = re.compile(
-    r"([A-Za-z]{3}) ([A-Za-z]{3}) ([0-9 ][0-9]) ([0-9]{2}):([0-9]{2}):([0-9]{2}) ([0-9]{4})"
+    r"(?P<weekday>[A-Za-z]{3}) (?P<month>[A-Za-z]{3}) (?P<day>[0-9 ][0-9]) "
+    + _HMS
+    + r" (?P<year>[0-9]{4})"
 )
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
@@ -62,6 +67,12 @@ _GO_PART = re.compile(r"([0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(ns|us|µs|
 _SHORT_DAYS = frozenset({"mon", "tue", "wed", "thu", "fri", "sat", "sun"})
 _LONG_DAYS = frozenset(
     {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
+)
+# The three HTTP-date forms, each with the day names it spells.
+_HTTP_DATES = (
+    (_IMF_FIXDATE, _SHORT_DAYS),
+    (_RFC850_DATE, _LONG_DAYS),
+    (_ASCTIME_DATE, _SHORT_DAYS),
 )
 _MONTHS = {
     name: number
@@ -137,42 +148,29 @@ def parse_http_date(value: str, *, now: float) -> float | None:
     """
     if len(value) > _MAX_VALUE:
         return None
-    match = _IMF_FIXDATE.fullmatch(value)
-    if match is not None:
-        weekday, day, month_name, year = match.group(1, 2, 3, 4)
-        hms = match.group(5, 6, 7)
-        if weekday.lower() not in _SHORT_DAYS:
-            return None
-        year_number = int(year)
-    else:
-        match = _RFC850_DATE.fullmatch(value)
+    for pattern, day_names in _HTTP_DATES:
+        match = pattern.fullmatch(value)
         if match is not None:
-            weekday, day, month_name, year = match.group(1, 2, 3, 4)
-            hms = match.group(5, 6, 7)
-            if weekday.lower() not in _LONG_DAYS:
-                return None
-            month_number = _MONTHS.get(month_name.lower())
-            if month_number is None:
-                return None
-            resolved = _rfc850_year(int(year), month_number, int(day), now)
-            if resolved is None:
-                return None
-            year_number = resolved
-        else:
-            match = _ASCTIME_DATE.fullmatch(value)
-            if match is None:
-                return None
-            weekday, month_name, day = match.group(1, 2, 3)
-            hms = match.group(4, 5, 6)
-            year = match.group(7)
-            if weekday.lower() not in _SHORT_DAYS:
-                return None
-            day = day.lstrip(" ")
-            year_number = int(year)
-    month = _MONTHS.get(month_name.lower())
+            return _http_date(match, day_names, now)
+    return None
+
+
+def _http_date(match: re.Match[str], day_names: frozenset[str], now: float) -> float | None:
+    # The fields of one matched form (named alike in all three), checked.
+    if match["weekday"].lower() not in day_names:
+        return None
+    month = _MONTHS.get(match["month"].lower())
     if month is None:
         return None
-    return _timestamp(year_number, month, int(day), int(hms[0]), int(hms[1]), int(hms[2]))
+    day = int(match["day"])  # asctime pads it with a space
+    year = int(match["year"])
+    if len(match["year"]) == 2:  # rfc850-date
+        resolved = _rfc850_year(year, month, day, now)
+        if resolved is None:
+            return None
+        year = resolved
+    hms = int(match["hour"]), int(match["minute"]), int(match["second"])
+    return _timestamp(year, month, day, *hms)
 
 
 def parse_rfc3339(value: str) -> float | None:

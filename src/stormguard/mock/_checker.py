@@ -190,6 +190,7 @@ def _maybe_processed(entry: Mapping[str, Any]) -> bool:
     return status is None or int(status) >= 500
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Checker:
     """Checks a journal against the retry contract.
 
@@ -202,22 +203,15 @@ class Checker:
     seconds of the median gap.
     """
 
-    def __init__(
-        self,
-        *,
-        tolerance: float = 0.05,
-        min_samples: int = 8,
-        min_clients: int = 3,
-        cluster_share: float = 0.75,
-        cluster_width: float = 0.01,
-        retryable_statuses: Iterable[int] = RETRYABLE_STATUSES,
-    ) -> None:
-        self.tolerance = tolerance
-        self.retryable_statuses = frozenset(retryable_statuses)
-        self.min_samples = min_samples
-        self.min_clients = min_clients
-        self.cluster_share = cluster_share
-        self.cluster_width = cluster_width
+    tolerance: float = 0.05
+    min_samples: int = 8
+    min_clients: int = 3
+    cluster_share: float = 0.75
+    cluster_width: float = 0.01
+    retryable_statuses: Iterable[int] = RETRYABLE_STATUSES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "retryable_statuses", frozenset(self.retryable_statuses))
 
     def check(self, journal: Iterable[Mapping[str, Any]]) -> Report:
         """Check journal entries (dicts as served by ``GET /__mock/journal``)."""

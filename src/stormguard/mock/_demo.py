@@ -309,22 +309,15 @@ def _count_option(flag: str, default: int, most: int, help: str) -> Callable[[_F
     help="How the API refuses past its limit: Stripe's 429 + Retry-After, or GitHub's "
     "403 + X-RateLimit-Remaining: 0 + X-RateLimit-Reset.",
 )
-def demo_command(payments: int, clients: int, seed: int, rate_limit: int, limit_style: str) -> None:
+def demo_command(**options: Any) -> None:
     """Naive vs stormguard client against a flaky payments API (under a minute)."""
     console = Console()
     console.print(
-        f"[bold]stormguard demo[/]: {payments} payments from {clients} concurrent clients "
-        f"against a flaky payments API (mock on loopback: connection resets after "
-        f"charging, 503 + Retry-After, 504 after charging, {rate_limit} req/s limit, "
-        f"refused {limit_style}-style)\n"
+        "[bold]stormguard demo[/]: {payments} payments from {clients} concurrent clients "
+        "against a flaky payments API (mock on loopback: connection resets after "
+        "charging, 503 + Retry-After, 504 after charging, {rate_limit} req/s limit, "
+        "refused {limit_style}-style)\n".format(**options)
     )
-    results = run_demo(
-        payments=payments,
-        clients=clients,
-        seed=seed,
-        rate_limit=rate_limit,
-        limit_style=limit_style,
-        console=console,
-    )
+    results = run_demo(**options, console=console)  # the options are run_demo's keywords
     console.print()
     render(results, console)

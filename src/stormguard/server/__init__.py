@@ -14,10 +14,18 @@ The pieces below are what the gateway assembles (never copy them):
   headers, RFC 9457 body, reason), ``rate_limited`` (429), ``unavailable`` (503),
   ``send_refusal``, ``send_response``, ``send_websocket_refusal``;
   ``_ratelimit.refusal_for(decision, rules, style)`` picks 429 or 503;
+  ``_ratelimit.RequestLimits(rules, headers=, headers_on_allowed=, **store options)``
+  with ``await adecide(view)`` -> a ``Refusal`` or the headers for an admitted response
+  (RateLimitMiddleware and the FastAPI dependency);
 * ``_idempotency``: ``IdempotencyGuard`` -- ``admit(method, key)``, ``abegin(scope, key,
   fingerprint)`` -> ``Ticket`` | ``Refusal`` | replay ``(status, headers, body)``,
   ``afinish(ticket, status, encode_response(...))``, ``aabandon(ticket)`` (sync twins
-  without the ``a``); ``_claims``: the claim stores (memory, Redis Lua);
+  without the ``a``), each a driver over one of its steps (``claiming``, ``finishing``,
+  ``abandoning``; ``once`` for a whole call); ``_claims``: the claim stores (memory,
+  Redis Lua);
+* ``_steps``: conversations as generators of ``Call(target, name, args)`` effects;
+  ``drive(steps, run)`` performs them with the sync twins, ``await adrive(...)`` with
+  the ``a<name>`` ones;
 * ``_admission``: ``Admission(limit, per_client=, max_wait=)`` with ``aenter(client)`` ->
   ``Refusal | None`` and ``leave(client)``; ``AdmissionGroups`` by path prefix;
   ``_concurrency.run_cancelling_on_disconnect(app, scope, receive, send)``;

@@ -12,15 +12,14 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import Response as PlainResponse
 
 from ..core._limiters import Algorithm
-from ._decide import RuleSet
-from ._ratelimit import refusal_for
-from ._refusal import HeaderStyle, Refusal, check_style, limit_headers
+from ._ratelimit import RequestLimits, StoreOptions
+from ._refusal import Refusal
 from ._rules import KeySpec, Rule
 from ._view import ScopeView
 
@@ -49,12 +48,10 @@ class RouteLimit:
         limits: Sequence[str | Algorithm | Rule],
         *,
         key: KeySpec = "ip",
-        store: object = None,
-        on_store_error: str = "open",
+        name: str | None = None,
         headers: str = "ietf",
         headers_on_allowed: bool = True,
-        trusted_proxies: Sequence[str] = (),
-        name: str | None = None,
+        **options: Unpack[StoreOptions],
     ) -> None:
         rules = []
         for i, item in enumerate(limits):
@@ -63,24 +60,16 @@ class RouteLimit:
             else:
                 label = name if name is None or len(limits) == 1 else f"{name}-{i}"
                 rules.append(Rule(item, key=key, name=label))
-        self.style: HeaderStyle = check_style(headers)
-        self.headers_on_allowed = headers_on_allowed
-        self.rules = RuleSet(
-            rules, store=store, on_store_error=on_store_error, trusted_proxies=trusted_proxies
+        self.limits = RequestLimits(
+            rules, headers=headers, headers_on_allowed=headers_on_allowed, **options
         )
 
     async def __call__(self, request: Request, response: Response) -> None:
-        scope = request.scope
-        decision = await self.rules.adecide(
-            ScopeView(scope), scope.get("method", "GET"), scope.get("path", "/")
-        )
-        if decision is None:
-            return
-        if not decision.allowed:
-            raise RateLimitRefused(refusal_for(decision, self.rules, self.style))
-        if self.headers_on_allowed:
-            for k, v in limit_headers(decision, self.style):
-                response.headers[k] = v
+        answer = await self.limits.adecide(ScopeView(request.scope))
+        if isinstance(answer, Refusal):
+            raise RateLimitRefused(answer)
+        for k, v in answer or ():
+            response.headers[k] = v
 
 
 def stormguard_limit(*limits: str | Algorithm | Rule, **options: Any) -> RouteLimit:

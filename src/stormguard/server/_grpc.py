@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NamedTuple, NoReturn
 from urllib.parse import unquote
 
 import grpc
@@ -32,9 +32,10 @@ from ..core._decision import Decision
 from ..core._idempotency import fingerprint
 from ._admission import Admission
 from ._decide import RuleSet
-from ._idempotency import IdempotencyGuard, Ticket, encode_response
+from ._idempotency import IdempotencyGuard, Replay, encode_response
 from ._refusal import Refusal
 from ._rules import ClientAddress, KeySpec, Rule, compile_key
+from ._steps import RUN, Call, Steps, adrive, drive
 
 __all__ = ["AsyncRateLimitServerInterceptor", "RateLimitServerInterceptor", "peer_address"]
 
@@ -90,95 +91,17 @@ def _pushback_ms(seconds: float | None) -> str | None:
     return str(math.ceil(seconds * 1000)) if math.isfinite(seconds) else "-1"
 
 
-class _Guard:
-    # What both interceptors share: configuration, the per-call decisions, and the
-    # translation of a decision or Refusal into (code, details, trailers).
+def _pushback(seconds: float | None) -> tuple[tuple[str, str], ...]:
+    pushback = _pushback_ms(seconds)
+    return ((PUSHBACK, pushback),) if pushback is not None else ()
 
-    def __init__(
-        self,
-        rules: Sequence[Rule],
-        *,
-        store: object,
-        on_store_error: str,
-        refuse_with: str,
-        trusted_proxies: Sequence[str],
-        concurrency: Admission | int | None,
-        concurrency_per_client: int | None,
-        concurrency_max_wait: float,
-        concurrency_key: KeySpec,
-        idempotency: IdempotencyGuard | bool,
-        idempotency_key: str,
-        idempotency_scope: KeySpec | None,
-        asyncio: bool,
-    ) -> None:
-        if refuse_with not in _REFUSE:
-            raise ConfigError("refuse_with", f"must be one of {tuple(_REFUSE)}: {refuse_with!r}")
-        self.refuse_code = _REFUSE[refuse_with]
-        self.rules = (
-            RuleSet(
-                rules,
-                store=store,
-                on_store_error=on_store_error,
-                trusted_proxies=trusted_proxies,
-                asyncio=asyncio,
-            )
-            if rules
-            else None
-        )
-        address = ClientAddress.of(trusted_proxies)
-        if isinstance(concurrency, bool):
-            raise ConfigError("concurrency", "must be a number of calls or an Admission")
-        if isinstance(concurrency, int):
-            concurrency = Admission(
-                concurrency, per_client=concurrency_per_client, max_wait=concurrency_max_wait
-            )
-        self.concurrency: Admission | None = concurrency
-        self.client_of = compile_key(concurrency_key, address)
-        if idempotency is True:
-            shared = self.rules.store if self.rules is not None else store
-            idempotency = IdempotencyGuard(store=shared, methods=("POST",), asyncio=asyncio)
-        self.idempotency = idempotency or None
-        self.idempotency_key = idempotency_key.lower()
-        self.scope_of = (
-            None if idempotency_scope is None else compile_key(idempotency_scope, address)
-        )
 
-    def limited(self, decision: Decision) -> tuple[Any, str, tuple[tuple[str, str], ...]]:
-        if self.rules is not None and self.rules.store_down and self.rules.fails_closed:
-            code = grpc.StatusCode.UNAVAILABLE
-            details = "rate limit store unavailable"
-        else:
-            code, details = self.refuse_code, f"rate limit {decision.name!r} exceeded"
-        pushback = _pushback_ms(decision.retry_after)
-        trailers = ((PUSHBACK, pushback),) if pushback is not None else ()
-        return code, details, trailers
+class Abort(NamedTuple):
+    """How a call is refused: its status code, details and trailing metadata."""
 
-    @staticmethod
-    def refused(refusal: Refusal) -> tuple[Any, str, tuple[tuple[str, str], ...]]:
-        code = _BY_STATUS.get(refusal.status, grpc.StatusCode.FAILED_PRECONDITION)
-        pushback = _pushback_ms(refusal.retry_after)
-        trailers = ((PUSHBACK, pushback),) if pushback is not None else ()
-        detail = refusal.reason.replace("_", " ")
-        return code, detail, trailers
-
-    def leave(self, client: str | None) -> None:
-        """Give back the concurrency slot of a call that took one."""
-        if self.concurrency is not None:
-            self.concurrency.leave(client)
-
-    def idempotent(self, view: _CallView) -> tuple[str, str] | Refusal | None:
-        """(scope, key) when the call is keyed; a Refusal for a bad key; None: not keyed."""
-        guard = self.idempotency
-        if guard is None:
-            return None
-        key = view.header(self.idempotency_key)
-        admitted = guard.admit("POST", key)
-        if isinstance(admitted, Refusal):
-            return admitted
-        if not admitted or key is None:
-            return None
-        scope = (self.scope_of(view) or "") if self.scope_of is not None else ""
-        return scope, key
+    code: Any
+    details: str
+    trailers: tuple[tuple[str, str], ...]
 
 
 def _fp(method: str, request: Any) -> str:
@@ -191,13 +114,16 @@ def _fp(method: str, request: Any) -> str:
     return fingerprint(b"grpc", method.encode(), body)
 
 
-def _ok(context: Any) -> bool:
+def _stored(body: bytes, context: Any) -> bytes | None:
+    # What a keyed call keeps: its answer when it ended OK; None (release) otherwise.
     code = context.code()
-    return code is None or code == grpc.StatusCode.OK
+    return encode_response(200, (), body) if code is None or code == grpc.StatusCode.OK else None
 
 
 class _Interceptor:
-    # What both interceptors share: the options, the _Guard, and the handler rewrap.
+    # What both interceptors share: the options, the per-call conversations (written
+    # once, driven by each), the translation of a decision or Refusal into an Abort,
+    # and the handler rewrap.
     _asyncio: ClassVar[bool] = False
 
     def __init__(
@@ -216,41 +142,119 @@ class _Interceptor:
         idempotency_key: str = "idempotency-key",
         idempotency_scope: KeySpec | None = None,
     ) -> None:
-        self._guard = _Guard(
-            rules,
-            store=store,
-            on_store_error=on_store_error,
-            refuse_with=refuse_with,
-            trusted_proxies=trusted_proxies,
-            concurrency=concurrency,
-            concurrency_per_client=concurrency_per_client,
-            concurrency_max_wait=concurrency_max_wait,
-            concurrency_key=concurrency_key,
-            idempotency=idempotency,
-            idempotency_key=idempotency_key,
-            idempotency_scope=idempotency_scope,
-            asyncio=self._asyncio,
+        if refuse_with not in _REFUSE:
+            raise ConfigError("refuse_with", f"must be one of {tuple(_REFUSE)}: {refuse_with!r}")
+        self._refuse_code = _REFUSE[refuse_with]
+        self._rules = (
+            RuleSet(
+                rules,
+                store=store,
+                on_store_error=on_store_error,
+                trusted_proxies=trusted_proxies,
+                asyncio=self._asyncio,
+            )
+            if rules
+            else None
+        )
+        address = ClientAddress.of(trusted_proxies)
+        if isinstance(concurrency, bool):
+            raise ConfigError("concurrency", "must be a number of calls or an Admission")
+        if isinstance(concurrency, int):
+            concurrency = Admission(
+                concurrency, per_client=concurrency_per_client, max_wait=concurrency_max_wait
+            )
+        self._concurrency: Admission | None = concurrency
+        self._client_of = compile_key(concurrency_key, address)
+        if idempotency is True:
+            shared = self._rules.store if self._rules is not None else store
+            idempotency = IdempotencyGuard(store=shared, methods=("POST",), asyncio=self._asyncio)
+        self._idempotency = idempotency or None
+        self._idempotency_key = idempotency_key.lower()
+        self._scope_of = (
+            None if idempotency_scope is None else compile_key(idempotency_scope, address)
         )
 
-    def _wrap(
-        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
-    ) -> Any:
+    def _limited(self, decision: Decision) -> Abort:
+        if self._rules is not None and self._rules.store_down and self._rules.fails_closed:
+            code = grpc.StatusCode.UNAVAILABLE
+            details = "rate limit store unavailable"
+        else:
+            code, details = self._refuse_code, f"rate limit {decision.name!r} exceeded"
+        return Abort(code, details, _pushback(decision.retry_after))
+
+    @staticmethod
+    def _refused(refusal: Refusal) -> Abort:
+        code = _BY_STATUS.get(refusal.status, grpc.StatusCode.FAILED_PRECONDITION)
+        return Abort(code, refusal.reason.replace("_", " "), _pushback(refusal.retry_after))
+
+    def _leave(self, client: str | None) -> None:
+        """Give back the concurrency slot of a call that took one."""
+        if self._concurrency is not None:
+            self._concurrency.leave(client)
+
+    # The two conversations of a call, written once (server/_steps.py); each
+    # interceptor drives them with its own flavour of the rules, admission and
+    # claim store calls and aborts the call when they end in an Abort.
+
+    def _entering(self, view: _CallView) -> Steps[Abort | str | None]:
+        """Rules, then a concurrency slot: an Abort, or the client holding the slot."""
+        if self._rules is not None:
+            decision = yield Call(self._rules, "decide", (view, "POST", view.raw.method))
+            if decision is not None and not decision.allowed:
+                return self._limited(decision)
+        client = None
+        if self._concurrency is not None:
+            client = self._client_of(view) if self._concurrency.per_client else None
+            refusal = yield Call(self._concurrency, "enter", (client,))
+            if refusal is not None:
+                return self._refused(refusal)
+        return client
+
+    def _answering(self, view: _CallView, request: Any, context: Any) -> Steps[bytes | Abort]:
+        """A unary call of an idempotency-guarded method: RUN it (unkeyed), refuse it,
+        replay it (trailer ``idempotent-replayed``), or RUN it once and keep its
+        answer when it ends OK (an error status or an exception releases the key)."""
+        guard = self._idempotency
+        assert guard is not None
+        key = view.header(self._idempotency_key)
+        admitted = guard.admit("POST", key)
+        if isinstance(admitted, Refusal):
+            return self._refused(admitted)
+        if not admitted or key is None:
+            return (yield RUN)  # type: ignore[no-any-return]
+        scope = (self._scope_of(view) or "") if self._scope_of is not None else ""
+        fp = _fp(view.raw.method, request)
+        answer = yield from guard.once(scope, key, fp, lambda body: _stored(body, context))
+        if isinstance(answer, Refusal):
+            return self._refused(answer)
+        if isinstance(answer, Replay):
+            context.set_trailing_metadata((("idempotent-replayed", "true"),))
+            return answer.body
+        return answer  # type: ignore[no-any-return]
+
+    def _streamed(self, behaviour: Any, details: Any) -> Any:
+        raise NotImplementedError
+
+    def _unary(self, behaviour: Any, details: Any, serialize: Any) -> Any:
         raise NotImplementedError
 
     def _rewrap(self, handler: Any, details: Any) -> Any:
-        # The handler with its behaviour wrapped (keyed unary calls answer raw bytes).
+        # The handler with its behaviour wrapped: calls whose answer streams hold
+        # their slot until the stream ends; keyed unary calls answer raw bytes (the
+        # answer is serialized once, to be stored); serialize None: not keyed.
         if handler is None:
             return None
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behaviour = getattr(handler, kind)
-            if behaviour is not None:
-                streaming = kind.endswith("stream")
-                keyed = kind == "unary_unary" and self._guard.idempotency is not None
-                wrapped = self._wrap(behaviour, details, streaming, keyed, handler)
-                changes: dict[str, Any] = {kind: wrapped}
-                if keyed:
-                    changes["response_serializer"] = _raw
-                return handler._replace(**changes)
+            if behaviour is None:
+                continue
+            if kind.endswith("stream"):
+                return handler._replace(**{kind: self._streamed(behaviour, details)})
+            if kind == "unary_unary" and self._idempotency is not None:
+                serialize = handler.response_serializer or _raw
+                wrapped = self._unary(behaviour, details, serialize)
+                return handler._replace(unary_unary=wrapped, response_serializer=_raw)
+            return handler._replace(**{kind: self._unary(behaviour, details, None)})
         return handler
 
 
@@ -272,102 +276,55 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         return self._rewrap(continuation(details), details)
 
-    def _enter(self, view: _CallView, context: Any, method: str) -> str | None:
+    def _enter(self, view: _CallView, context: Any) -> str | None:
         # Rules, then a concurrency slot; aborts the call when refused.
-        guard = self._guard
-        if guard.rules is not None:
-            decision = guard.rules.decide(view, "POST", method)
-            if decision is not None and not decision.allowed:
-                code, details, trailers = guard.limited(decision)
-                context.set_trailing_metadata(trailers)
-                context.abort(code, details)
-        client = None
-        if guard.concurrency is not None:
-            client = guard.client_of(view) if guard.concurrency.per_client else None
-            refusal = guard.concurrency.enter(client)
-            if refusal is not None:
-                self._abort(context, refusal)
-        return client
+        entered = drive(self._entering(view))
+        if isinstance(entered, Abort):
+            self._abort(context, entered)
+        return entered
 
     @staticmethod
-    def _abort(context: Any, refusal: Refusal) -> NoReturn:
-        code, details, trailers = _Guard.refused(refusal)
-        context.set_trailing_metadata(trailers)
-        context.abort(code, details)
+    def _abort(context: Any, abort: Abort) -> NoReturn:
+        context.set_trailing_metadata(abort.trailers)
+        context.abort(abort.code, abort.details)
         raise AssertionError("context.abort() returned")  # it raises
 
-    def _wrap(
-        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
-    ) -> Any:
-        guard, method = self._guard, details.method
-        serialize = handler.response_serializer or _raw
-        leave = guard.leave
+    def _streamed(self, behaviour: Any, details: Any) -> Any:
+        enter, leave = self._enter, self._leave
 
-        if streaming:
+        def streamed(request: Any, context: Any) -> Iterator[Any]:
+            client = enter(_CallView(details, context), context)
+            try:
+                yield from behaviour(request, context)
+            finally:
+                leave(client)
 
-            def streamed(request: Any, context: Any) -> Iterator[Any]:
-                client = self._enter(_CallView(details, context), context, method)
-                try:
-                    yield from behaviour(request, context)
-                finally:
-                    leave(client)
+        return streamed
 
-            return streamed
+    def _unary(self, behaviour: Any, details: Any, serialize: Any) -> Any:
+        enter, leave, answering = self._enter, self._leave, self._answering
 
         def unary(request: Any, context: Any) -> Any:
             view = _CallView(details, context)
-            client = self._enter(view, context, method)
+            client = enter(view, context)
             try:
-                if not keyed:
+                if serialize is None:
                     return behaviour(request, context)
-                return self._keyed(behaviour, serialize, view, request, context, method)
+                answer = drive(
+                    answering(view, request, context),
+                    lambda: bytes(serialize(behaviour(request, context))),
+                )
+                if isinstance(answer, Abort):
+                    self._abort(context, answer)
+                return answer
             finally:
                 leave(client)
 
         return unary
 
-    def _keyed(
-        self,
-        behaviour: Any,
-        serialize: Any,
-        view: _CallView,
-        request: Any,
-        context: Any,
-        method: str,
-    ) -> bytes:
-        guard = self._guard
-        assert guard.idempotency is not None
-        keyed = guard.idempotent(view)
-        if keyed is None:
-            return bytes(serialize(behaviour(request, context)))
-        if isinstance(keyed, Refusal):
-            self._abort(context, keyed)
-        scope, key = keyed
-        started = guard.idempotency.begin(scope, key, _fp(method, request))
-        if isinstance(started, Refusal):
-            self._abort(context, started)
-        if isinstance(started, tuple):
-            context.set_trailing_metadata((("idempotent-replayed", "true"),))
-            return bytes(started[2])
-        assert isinstance(started, Ticket)
-        try:
-            body = bytes(serialize(behaviour(request, context)))
-        except BaseException:
-            guard.idempotency.abandon(started)
-            raise
-        if _ok(context):
-            guard.idempotency.finish(started, 200, _stored(body))
-        else:
-            guard.idempotency.abandon(started)
-        return body
-
 
 def _raw(value: Any) -> bytes:
     return value if isinstance(value, bytes) else bytes(value)
-
-
-def _stored(body: bytes) -> bytes:
-    return encode_response(200, (), body)
 
 
 class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -378,91 +335,49 @@ class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         return self._rewrap(await continuation(details), details)
 
-    async def _enter(self, view: _CallView, context: Any, method: str) -> str | None:
-        guard = self._guard
-        if guard.rules is not None:
-            decision = await guard.rules.adecide(view, "POST", method)
-            if decision is not None and not decision.allowed:
-                code, details, trailers = guard.limited(decision)
-                context.set_trailing_metadata(trailers)
-                await context.abort(code, details)
-        client = None
-        if guard.concurrency is not None:
-            client = guard.client_of(view) if guard.concurrency.per_client else None
-            refusal = await guard.concurrency.aenter(client)
-            if refusal is not None:
-                await self._abort(context, refusal)
-        return client
+    async def _enter(self, view: _CallView, context: Any) -> str | None:
+        entered = await adrive(self._entering(view))
+        if isinstance(entered, Abort):
+            await self._abort(context, entered)
+        return entered
 
     @staticmethod
-    async def _abort(context: Any, refusal: Refusal) -> NoReturn:
-        code, details, trailers = _Guard.refused(refusal)
-        context.set_trailing_metadata(trailers)
-        await context.abort(code, details)
+    async def _abort(context: Any, abort: Abort) -> NoReturn:
+        context.set_trailing_metadata(abort.trailers)
+        await context.abort(abort.code, abort.details)
         raise AssertionError("context.abort() returned")  # it raises
 
-    def _wrap(
-        self, behaviour: Any, details: Any, streaming: bool, keyed: bool, handler: Any
-    ) -> Any:
-        guard, method = self._guard, details.method
-        serialize = handler.response_serializer or _raw
-        leave = guard.leave
+    def _streamed(self, behaviour: Any, details: Any) -> Any:
+        enter, leave = self._enter, self._leave
 
-        if streaming:
+        async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
+            client = await enter(_CallView(details, context), context)
+            try:
+                async for item in behaviour(request, context):
+                    yield item
+            finally:
+                leave(client)
 
-            async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
-                client = await self._enter(_CallView(details, context), context, method)
-                try:
-                    async for item in behaviour(request, context):
-                        yield item
-                finally:
-                    leave(client)
+        return streamed
 
-            return streamed
+    def _unary(self, behaviour: Any, details: Any, serialize: Any) -> Any:
+        enter, leave, answering = self._enter, self._leave, self._answering
 
         async def unary(request: Any, context: Any) -> Any:
             view = _CallView(details, context)
-            client = await self._enter(view, context, method)
+            client = await enter(view, context)
             try:
-                if not keyed:
+                if serialize is None:
                     return await behaviour(request, context)
-                return await self._keyed(behaviour, serialize, view, request, context, method)
+
+                async def run() -> bytes:
+                    return bytes(serialize(await behaviour(request, context)))
+
+                answer = await adrive(answering(view, request, context), run)
+                if isinstance(answer, Abort):
+                    await self._abort(context, answer)
+                return answer
             finally:
                 leave(client)
 
         return unary
-
-    async def _keyed(
-        self,
-        behaviour: Any,
-        serialize: Any,
-        view: _CallView,
-        request: Any,
-        context: Any,
-        method: str,
-    ) -> bytes:
-        guard = self._guard
-        assert guard.idempotency is not None
-        keyed = guard.idempotent(view)
-        if keyed is None:
-            return bytes(serialize(await behaviour(request, context)))
-        if isinstance(keyed, Refusal):
-            await self._abort(context, keyed)
-        scope, key = keyed
-        started = await guard.idempotency.abegin(scope, key, _fp(method, request))
-        if isinstance(started, Refusal):
-            await self._abort(context, started)
-        if isinstance(started, tuple):
-            context.set_trailing_metadata((("idempotent-replayed", "true"),))
-            return bytes(started[2])
-        assert isinstance(started, Ticket)
-        try:
-            body = bytes(serialize(await behaviour(request, context)))
-        except BaseException:
-            await guard.idempotency.aabandon(started)
-            raise
-        if _ok(context):
-            await guard.idempotency.afinish(started, 200, _stored(body))
-        else:
-            await guard.idempotency.aabandon(started)
-        return body

@@ -14,8 +14,15 @@
 #   finish(ticket, response) a 5xx releases the claim (AWS Powertools semantics: the
 #                            retry runs again); anything else is stored for `ttl`;
 #                            refused when the lease ended meanwhile (a late owner);
-#   abandon(ticket, known)   an error we saw (an exception): released; an unknown
-#                            outcome (cancelled mid-way): kept until the lease ends.
+#   abandon(ticket)          an error we saw (an exception): released; an unknown
+#                            outcome (an ASGI request cancelled mid-way) is not
+#                            abandoned: its claim is kept until the lease ends.
+#
+# Each step is written once, as a generator of store calls (claiming, finishing,
+# abandoning; server/_steps.py), and driven sync or async: begin/abegin and the
+# other twins are one-line drivers. `once` is a whole call (claim, RUN, record) for
+# front ends whose request is one call returning one answer (gRPC unary, both
+# flavours); ASGI records from inside its `send`, so it uses the steps one by one.
 from __future__ import annotations
 
 import json
@@ -23,7 +30,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import ConfigError, StoreError
 from ..core._idempotency import ClaimOutcome, fingerprint
@@ -31,12 +38,14 @@ from ._claims import ClaimStore, claim_key, claims_for
 from ._decide import close_on_shutdown, open_store
 from ._refusal import Refusal, send_refusal, send_response
 from ._rules import ClientAddress, KeySpec, compile_key
+from ._steps import RUN, Call, Steps, adrive, drive
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._view import ScopeView
 
 __all__ = [
     "IdempotencyGuard",
     "IdempotencyMiddleware",
+    "Replay",
     "Ticket",
     "decode_response",
     "encode_response",
@@ -58,6 +67,14 @@ def decode_response(raw: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
     head, _, body = raw.partition(b"\n")
     status, headers = json.loads(head)
     return int(status), [(str(k), str(v)) for k, v in headers], body
+
+
+class Replay(NamedTuple):
+    """A stored answer to send again (its headers say ``Idempotent-Replayed: true``)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +126,9 @@ class IdempotencyGuard:
             return Refusal.of(400, detail, reason="bad_key")
         return True
 
-    def _answer(self, outcome: ClaimOutcome, retry_after: float, response: bytes | None) -> Any:
+    def _answer(
+        self, outcome: ClaimOutcome, retry_after: float, response: bytes | None
+    ) -> Refusal | Replay:
         if outcome is ClaimOutcome.MISMATCH:
             return Refusal.of(
                 422, "this Idempotency-Key was used with another request", reason="key_reused"
@@ -124,7 +143,7 @@ class IdempotencyGuard:
             )
         assert response is not None
         status, headers, body = decode_response(response)
-        return status, [*headers, ("Idempotent-Replayed", "true")], body
+        return Replay(status, [*headers, ("Idempotent-Replayed", "true")], body)
 
     def _store_down(self, exc: StoreError) -> Refusal:
         _log.warning("idempotency store failed (%s): refusing keyed requests", exc)
@@ -135,61 +154,84 @@ class IdempotencyGuard:
             retry_after=self.retry_store_after,
         )
 
-    async def abegin(self, scope: str, key: str, fp: str) -> Ticket | Refusal | tuple[Any, ...]:
-        """Claim: a Ticket (run it), a Refusal (409/422/503) or a replay (status, headers, body)."""
-        ticket = Ticket(claim_key(scope, key), os.urandom(12).hex())
-        try:
-            result = await self.claims.aclaim(ticket.key, fp, ticket.owner, self.lease)
-        except StoreError as exc:
-            return self._store_down(exc)
-        if result.outcome is ClaimOutcome.CLAIMED:
-            return ticket
-        return self._answer(result.outcome, result.retry_after, result.response)  # type: ignore[no-any-return]
+    # The conversation, written once as steps (server/_steps.py); the twins below
+    # and the gRPC interceptors drive it sync or async.
 
-    def begin(self, scope: str, key: str, fp: str) -> Ticket | Refusal | tuple[Any, ...]:
-        """Sync twin of :meth:`abegin`."""
+    def claiming(self, scope: str, key: str, fp: str) -> Steps[Ticket | Refusal | Replay]:
+        """Claim: a Ticket (run it), a Refusal (409/422/503) or a Replay."""
         ticket = Ticket(claim_key(scope, key), os.urandom(12).hex())
         try:
-            result = self.claims.claim(ticket.key, fp, ticket.owner, self.lease)
+            result = yield Call(self.claims, "claim", (ticket.key, fp, ticket.owner, self.lease))
         except StoreError as exc:
             return self._store_down(exc)
         if result.outcome is ClaimOutcome.CLAIMED:
             return ticket
-        return self._answer(result.outcome, result.retry_after, result.response)  # type: ignore[no-any-return]
+        return self._answer(result.outcome, result.retry_after, result.response)
+
+    def finishing(self, ticket: Ticket, status: int, stored: bytes) -> Steps[None]:
+        """Store the response (``encode_response``), or release on a 5xx."""
+        claims = self.claims
+        try:
+            if status >= 500:
+                yield Call(claims, "release", (ticket.key, ticket.owner))
+            elif not (yield Call(claims, "complete", (ticket.key, ticket.owner, stored, self.ttl))):
+                _log.warning("idempotency: a late completion was refused (lease over)")
+        except StoreError as exc:
+            _log.warning("idempotency: could not record an outcome (%s)", exc)
+
+    def abandoning(self, ticket: Ticket) -> Steps[None]:
+        """Release after an error we saw (the request may run again)."""
+        try:
+            yield Call(self.claims, "release", (ticket.key, ticket.owner))
+        except StoreError as exc:
+            _log.warning("idempotency: could not release a claim (%s)", exc)
+
+    def once(
+        self, scope: str, key: str, fp: str, stored: Callable[[Any], bytes | None]
+    ) -> Steps[Any]:
+        """A whole keyed call: claim, then RUN once and keep ``stored(value)`` (None:
+        release) -- or answer without running: a Refusal or a Replay. A failing run
+        (any exception, cancellation too) releases the claim and raises."""
+        started = yield from self.claiming(scope, key, fp)
+        if not isinstance(started, Ticket):
+            return started
+        try:
+            value = yield RUN
+        except GeneratorExit:
+            raise  # dropped by its driver mid-run: the outcome is unknown, the lease ends it
+        except BaseException:
+            yield from self.abandoning(started)
+            raise
+        response = stored(value)
+        if response is None:
+            yield from self.abandoning(started)
+        else:
+            yield from self.finishing(started, 200, response)
+        return value
+
+    async def abegin(self, scope: str, key: str, fp: str) -> Ticket | Refusal | Replay:
+        """Claim: a Ticket (run it), a Refusal (409/422/503) or a Replay."""
+        return await adrive(self.claiming(scope, key, fp))
+
+    def begin(self, scope: str, key: str, fp: str) -> Ticket | Refusal | Replay:
+        """Sync twin of :meth:`abegin`."""
+        return drive(self.claiming(scope, key, fp))
 
     async def afinish(self, ticket: Ticket, status: int, stored: bytes) -> None:
         """Store the response (``encode_response``), or release on a 5xx."""
-        try:
-            if status >= 500:
-                await self.claims.arelease(ticket.key, ticket.owner)
-            elif not await self.claims.acomplete(ticket.key, ticket.owner, stored, self.ttl):
-                _log.warning("idempotency: a late completion was refused (lease over)")
-        except StoreError as exc:
-            _log.warning("idempotency: could not record an outcome (%s)", exc)
+        await adrive(self.finishing(ticket, status, stored))
 
     def finish(self, ticket: Ticket, status: int, stored: bytes) -> None:
         """Sync twin of :meth:`afinish`."""
-        try:
-            if status >= 500:
-                self.claims.release(ticket.key, ticket.owner)
-            elif not self.claims.complete(ticket.key, ticket.owner, stored, self.ttl):
-                _log.warning("idempotency: a late completion was refused (lease over)")
-        except StoreError as exc:
-            _log.warning("idempotency: could not record an outcome (%s)", exc)
+        drive(self.finishing(ticket, status, stored))
 
     async def aabandon(self, ticket: Ticket) -> None:
         """Release after an error we saw (the request may run again)."""
-        try:
-            await self.claims.arelease(ticket.key, ticket.owner)
-        except StoreError as exc:
-            _log.warning("idempotency: could not release a claim (%s)", exc)
+        await adrive(self.abandoning(ticket))
 
     def abandon(self, ticket: Ticket) -> None:
         """Sync twin of :meth:`aabandon`."""
-        try:
-            self.claims.release(ticket.key, ticket.owner)
-        except StoreError as exc:
-            _log.warning("idempotency: could not release a claim (%s)", exc)
+        drive(self.abandoning(ticket))
 
 
 def default_fingerprint(scope: Scope, body: bytes) -> str:
@@ -296,7 +338,7 @@ class IdempotencyMiddleware:
         if isinstance(started, Refusal):
             await send_refusal(send, started)
             return
-        if isinstance(started, tuple):
+        if isinstance(started, Replay):
             await send_response(send, *started)
             return
         await self._run(scope, receive, send, body, started)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 from ..core._decision import Decision
 from ._decide import RuleSet, close_on_shutdown
@@ -30,7 +31,7 @@ from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._view import ScopeView
 from ._websocket import WebSocketGuard, WebSocketLimits
 
-__all__ = ["RateLimitMiddleware", "refusal_for"]
+__all__ = ["RateLimitMiddleware", "RequestLimits", "StoreOptions", "refusal_for"]
 
 
 def refusal_for(decision: Decision, rules: RuleSet, style: HeaderStyle) -> Refusal:
@@ -40,6 +41,48 @@ def refusal_for(decision: Decision, rules: RuleSet, style: HeaderStyle) -> Refus
             decision.retry_after, "store_unavailable", "rate limit store unavailable"
         )
     return rate_limited(decision, style)
+
+
+class StoreOptions(TypedDict, total=False):
+    """Where a rule set keeps its counts (the :class:`RuleSet` keywords, same defaults)."""
+
+    store: object
+    on_store_error: str
+    trusted_proxies: Sequence[str]
+    instances: int | None
+    retry_store_after: float
+
+
+class RequestLimits:
+    """The rate limits of one HTTP request, for the middleware and the FastAPI
+    dependency alike: one store call for every matching rule, then a refusal or the
+    quota headers an admitted response carries (``headers_on_allowed``)."""
+
+    __slots__ = ("headers_on_allowed", "rules", "style")
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        *,
+        headers: str,
+        headers_on_allowed: bool,
+        **options: Unpack[StoreOptions],
+    ) -> None:
+        self.style: HeaderStyle = check_style(headers)
+        self.headers_on_allowed = headers_on_allowed
+        self.rules = RuleSet(rules, asyncio=True, **options)
+
+    async def adecide(self, view: ScopeView) -> Refusal | list[tuple[str, str]] | None:
+        """A Refusal; else the headers for the response (None: no rule applied)."""
+        scope = view.raw
+        decision = await self.rules.adecide(
+            view, scope.get("method", "GET"), scope.get("path", "/")
+        )
+        if decision is None:
+            return None
+        if not decision.allowed:
+            return refusal_for(decision, self.rules, self.style)
+        return limit_headers(decision, self.style) if self.headers_on_allowed else []
 
 
 class RateLimitMiddleware:
@@ -72,17 +115,17 @@ class RateLimitMiddleware:
         websocket_key: KeySpec = "ip",
     ) -> None:
         self.app = app
-        self.style: HeaderStyle = check_style(headers)
-        self.headers_on_allowed = headers_on_allowed
-        self.rules = RuleSet(
+        self.limits = RequestLimits(
             rules,
+            headers=headers,
+            headers_on_allowed=headers_on_allowed,
             store=store,
             on_store_error=on_store_error,
             trusted_proxies=trusted_proxies,
-            asyncio=True,
             instances=instances,
             retry_store_after=retry_store_after,
         )
+        self.rules = self.limits.rules
         self.websocket = None
         if websocket is not None:
             self.websocket = WebSocketGuard(
@@ -98,22 +141,16 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         view = ScopeView(scope)
-        decision = await self.rules.adecide(
-            view, scope.get("method", "GET"), scope.get("path", "/")
-        )
-        if decision is None:
-            await self._pass(kind, view, scope, receive, send)
-            return
-        if not decision.allowed:
-            refusal = refusal_for(decision, self.rules, self.style)
+        answer = await self.limits.adecide(view)
+        if isinstance(answer, Refusal):
             if kind == "http":
-                await send_refusal(send, refusal)
+                await send_refusal(send, answer)
             else:
                 await receive()  # websocket.connect
-                await send_websocket_refusal(scope, send, refusal)
+                await send_websocket_refusal(scope, send, answer)
             return
-        if self.headers_on_allowed and kind == "http":
-            send = _with_headers(send, limit_headers(decision, self.style))
+        if answer and kind == "http":
+            send = _with_headers(send, answer)
         await self._pass(kind, view, scope, receive, send)
 
     async def _pass(

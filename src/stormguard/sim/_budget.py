@@ -23,7 +23,6 @@
 # Clients share nothing, so each is simulated on its own event queue.
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ from .._errors import ConfigError
 from ..core._backoff import FullJitter
 from ..core._breaker import BreakerCore
 from ..core._budget import RetryBudgetCore
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
-from ._engine import py_rng
+from ..core._policy import RetryFailure, RetryPolicy
+from ._engine import Callers, py_rng
 
 __all__ = ["STRATEGIES", "BudgetConfig", "BudgetRow", "run", "run_client"]
 
@@ -101,22 +100,9 @@ def run_client(
     )
     breaker = BreakerCore() if strategy == "breaker" else None
     latency = config.latency
-    calls = succeeded = attempts = 0
-    queue: list[tuple[float, int, RetryState]] = []  # (time, sequence, retry state)
-    sequence = 0
-    next_call = rng.expovariate(rate)
-    while True:
-        if queue and queue[0][0] <= next_call:
-            now, _, state = heapq.heappop(queue)
-        elif next_call < config.duration:
-            now = next_call
-            state = RetryState(started_at=now)
-            next_call += rng.expovariate(rate)
-            calls += 1
-            if budget is not None:
-                budget.record_request(now)
-        else:
-            break
+    callers = Callers(rate, config.duration, rng, policy=policy, failure=error, budget=budget)
+    succeeded = attempts = 0
+    for now, state in callers:
         if breaker is not None:
             admission = breaker.try_acquire(now, rng)
             if not admission.allowed:
@@ -126,17 +112,11 @@ def run_client(
         reply = now + latency
         if breaker is not None:
             breaker.record(reply, admission, failure=failed, duration=latency)
-        if not failed:
+        if failed:
+            callers.retry(state, reply)
+        else:
             succeeded += 1
-            continue
-        decision = decide(policy, state, error, now=reply, rng=rng)
-        if isinstance(decision, GiveUp):
-            continue
-        if budget is not None and not budget.try_retry(reply):
-            continue
-        heapq.heappush(queue, (reply + decision.wait, sequence, state.after_wait(decision.wait)))
-        sequence += 1
-    return calls, succeeded, attempts
+    return callers.calls, succeeded, attempts
 
 
 def run(

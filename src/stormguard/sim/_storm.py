@@ -33,7 +33,6 @@
 # failed (0 when none did, inf when it still fails when the stream ends).
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Callable
@@ -43,8 +42,8 @@ from .._errors import ConfigError
 from ..core._backoff import Backoff, Exponential, FullJitter, NoBackoff
 from ..core._budget import RetryBudgetCore
 from ..core._limiters import TokenBucket
-from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
-from ._engine import py_rng
+from ..core._policy import RetryFailure, RetryPolicy
+from ._engine import Callers, py_rng
 
 __all__ = ["SERVERS", "STRATEGIES", "StormConfig", "StormResult", "run", "run_strategy"]
 
@@ -176,23 +175,11 @@ def run_strategy(strategy: str, config: StormConfig, rng: random.Random) -> Stor
     seconds = math.ceil(config.duration) + 1
     timeline = [[0, 0, 0, 0] for _ in range(seconds)]
     slots: dict[int, list[int]] = {}  # slot -> [attempts, failures]
-    # Events: (time, sequence, retry state). Arrivals are generated lazily.
-    queue: list[tuple[float, int, RetryState]] = []
-    sequence = 0
-    next_arrival = rng.expovariate(config.rps)
+    callers = Callers(
+        config.rps, config.duration, rng, policy=policy, failure=unavailable, budget=budget
+    )
     latency = config.latency
-    while True:
-        if queue and queue[0][0] <= next_arrival:
-            now, _, state = heapq.heappop(queue)
-        elif next_arrival < config.duration:
-            now = next_arrival
-            state = RetryState(started_at=now)
-            next_arrival += rng.expovariate(config.rps)
-            result.requests += 1
-            if budget is not None:
-                budget.record_request(now)
-        else:
-            break
+    for now, state in callers:
         second = int(now)
         while second >= len(timeline):
             timeline.append([0, 0, 0, 0])
@@ -209,13 +196,9 @@ def run_strategy(strategy: str, config: StormConfig, rng: random.Random) -> Stor
             continue
         row[3] += 1
         counts[1] += 1
-        reply = now + latency
-        decision = decide(policy, state, unavailable, now=reply, rng=rng)
-        if isinstance(decision, GiveUp) or (budget is not None and not budget.try_retry(reply)):
+        if not callers.retry(state, now + latency):
             result.failed += 1
-            continue
-        heapq.heappush(queue, (reply + decision.wait, sequence, state.after_wait(decision.wait)))
-        sequence += 1
+    result.requests = callers.calls
     result.timeline = timeline
     result.peak_rps = max(row[1] for row in timeline)
     result.recovery_s = _recovery(slots, config)
