@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from protection_support import run_threads
 
 from stormguard import CircuitOpen, RetryPolicy
 from stormguard.client._front import _General
@@ -81,16 +82,12 @@ def test_lock_free_successes_from_threads_are_all_counted() -> None:
     guards = OriginGuards(**parts)  # type: ignore[arg-type]
     transport = RetryTransport(httpx.MockTransport(_statuses(200)), guards=guards)
 
-    def many() -> None:
+    def many(_: int) -> None:
         with httpx.Client(transport=transport) as client:
             for _ in range(200):
                 client.get(ORIGIN)
 
-    threads = [threading.Thread(target=many) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_threads(many, 8, timeout=60)
     breaker = guards.get(ORIGIN).breaker
     assert breaker is not None and breaker.local_state() == "closed"  # drains the queue
     assert breaker._core._ring is not None and breaker._core._ring.a_total == 1600
@@ -215,15 +212,11 @@ def test_budget_deposits_from_threads_are_all_counted() -> None:
     clock = FakeClock()
     budget = RetryBudget(ratio=0.5, min_per_second=0, window=10.0, clock=clock)
 
-    def deposits() -> None:
+    def deposits(_: int) -> None:
         for _ in range(1000):
             budget.deposit(clock.monotonic())
 
-    threads = [threading.Thread(target=deposits) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    run_threads(deposits, 8)
     assert budget.balance() == pytest.approx(4000.0)
 
 
@@ -264,11 +257,11 @@ def test_threads_mixing_lock_free_and_waiting_acquires_lose_no_slot() -> None:
     lock = threading.Lock()
     failures: list[BaseException] = []
 
-    def rounds(waiting: bool) -> None:
+    def rounds(index: int) -> None:
         nonlocal inside, peak
         try:
             for _ in range(500):
-                if waiting:
+                if index % 2 == 0:
                     bulkhead.acquire()
                 elif not bulkhead.try_acquire():
                     continue
@@ -281,11 +274,7 @@ def test_threads_mixing_lock_free_and_waiting_acquires_lose_no_slot() -> None:
         except BaseException as exc:  # a BulkheadFull here is a lost wake-up
             failures.append(exc)
 
-    threads = [threading.Thread(target=rounds, args=(i % 2 == 0,)) for i in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    run_threads(rounds, 16, timeout=120)
     assert not failures
     assert peak <= 3 and bulkhead.in_flight == 0 and bulkhead.waiting == 0
 
