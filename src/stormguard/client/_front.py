@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -134,10 +134,10 @@ class HttpFront:
         """Whether the library's request has a body that can be sent again."""
         raise NotImplementedError
 
-    def _configure(self, owner: str, options: FrontOptions, known: Iterable[str] = ()) -> None:
+    def _configure(self, owner: str, options: FrontOptions) -> None:
         """Take the adapter's keywords (see :class:`FrontOptions`): policy, keys, hooks,
-        protection; ``known`` names the further ones ``owner`` takes itself."""
-        unknown_keywords(owner, options, {*FrontOptions.__optional_keys__, *known})
+        protection; an unknown one is a TypeError, as in any ``owner()`` call."""
+        unknown_keywords(owner, options, FrontOptions.__optional_keys__)
         on_retry = options.get("on_retry", ())
         clock, rng = options.get("clock"), options.get("rng")
         self.policy = with_retry_if(options.get("policy"), options.get("retry_if"))
@@ -334,11 +334,12 @@ class _General:
     def enter(self, now: float) -> None:
         return None
 
+    # It hands out no tickets, so it is never settled nor abandoned.
     def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
-        raise AssertionError("a general lane hands out no tickets")
+        return None
 
     def abandon(self) -> None:
-        raise AssertionError("a general lane hands out no tickets")
+        return None
 
 
 _GENERAL = _General()
@@ -352,12 +353,14 @@ _TOUCH_EVERY = 256
 class HttpCall:
     """One logical HTTP request across its attempts.
 
-    The first attempt runs on a lean path (:func:`first_attempt`): the origin's
-    lane, the budget's count, pacing, the breaker's admission, the bulkhead, one
-    send. The engine (``run``) is started only when that attempt failed, from the
-    same start time, and drives every later attempt. Whether the request carries
-    an ``Idempotency-Key`` (``has_key``) and whether its body can be replayed
-    (``replayable``) are read only when an attempt failed.
+    An HttpCall is made only when a first attempt needs more than the lane's gate
+    (:meth:`HttpFront.open`): either the general first attempt
+    (:func:`first_attempt`: the budget's count, pacing, the breaker's admission,
+    the bulkhead, one send) or the judging of a gated attempt that did not simply
+    succeed (:func:`resume`). The engine (``run``) is started only when the first
+    attempt failed, from the same start time, and drives every later attempt.
+    Whether the request carries an ``Idempotency-Key`` (``has_key``) and whether
+    its body can be replayed (``replayable``) are read only when an attempt failed.
     """
 
     __slots__ = (
