@@ -296,3 +296,21 @@ def test_a_caller_that_just_missed_a_free_slot_gets_it_once_queued() -> None:
     bulkhead = _MissesOnce(1)  # max_wait=0: a caller left queued would be refused
     bulkhead.acquire()
     assert bulkhead.in_flight == 1 and bulkhead.waiting == 0
+
+
+def test_a_slow_call_breaker_judges_each_duration_on_the_general_path() -> None:
+    """slow_call set: no lock-free gate; successes slower than it still open the breaker."""
+    clock = FakeClock()
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        clock.advance(2.0)
+        return httpx.Response(200)
+
+    parts = {"breaker": {"slow_call": 1.0, "min_calls": 3}, "budget": False}
+    transport = _transport(slow, clock, parts=parts)
+    assert isinstance(_gate(transport), _General)
+    with httpx.Client(transport=transport) as client:
+        for _ in range(3):
+            assert client.get(ORIGIN).status_code == 200
+        with pytest.raises(CircuitOpen):
+            client.get(ORIGIN)

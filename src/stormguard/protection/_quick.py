@@ -17,10 +17,10 @@
 #   COUNT   RetryBudget.deposit(): queued without the lock while the bucket lasts
 #   RECORD  CircuitBreaker.settle(): a success queued without the lock while quiet
 #
-# The gate checks everything before it changes anything: a gate that finds
+# The gate looks at everything before it takes anything: a gate that finds
 # something pending has taken nothing, and the adapter takes the general path,
-# which waits, refuses or raises exactly as before. Only the slot is taken before
-# the last check can fail (the count), and the count cannot fail.
+# which waits, refuses or raises exactly as before. Of the takes, only the slot
+# can fail; it comes before the count, which cannot.
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -43,7 +43,7 @@ def quick_guard(guard: OriginGuard, monotonic: Callable[[], float]) -> QuickGuar
     cooldown, pacer = guard._cooldown, guard._pacer
     if guard.bulkhead is not None and type(guard.bulkhead) is not Bulkhead:
         return None
-    if breaker is not None and breaker._slow is not None:
+    if type(breaker) is CircuitBreaker and breaker._slow is not None:
         return None  # a slow_call breaker judges each duration: its own methods do
     # The parts that read a clock on the way: each local and on the adapter's clock.
     timed: list[tuple[Any, bool]] = [
