@@ -219,3 +219,26 @@ def test_a_budget_counts_each_first_attempt_once() -> None:
     for _ in range(10):
         _get(transport)
     assert budget.balance() == pytest.approx(before + 10 * 0.1, abs=1e-6)
+
+
+def test_the_requests_adapter_sends_through_httpadapter_send_as_patched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A class-level patch of HTTPAdapter.send made after the adapter exists (the
+    `responses` library does this) is what each attempt goes through."""
+    from requests.adapters import HTTPAdapter
+
+    adapter = RetryAdapter(guards=OriginGuards())
+    sent: list[str] = []
+
+    def fake_send(self: HTTPAdapter, request: requests.PreparedRequest, *args: Any) -> Any:
+        sent.append(request.url or "")
+        response = requests.Response()
+        response.status_code = 200
+        return response
+
+    monkeypatch.setattr(HTTPAdapter, "send", fake_send)
+    with requests.Session() as session:
+        session.mount("http://", adapter)
+        assert session.get(ORIGIN + "/x", timeout=10).status_code == 200
+    assert sent == [ORIGIN + "/x"]

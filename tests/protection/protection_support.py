@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,3 +44,12 @@ def fake_time_async_redis_store(url: str, prefix: str, clock: FakeClock, **kwarg
 
 
 StoreFactory = Callable[[], Any]
+
+
+def run_threads(target: Callable[..., Any], count: int, timeout: float = 30.0) -> None:
+    """Run ``target(i)`` for i in range(count), each in its own thread, and wait for all."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from protection_support import run_threads
 
 from stormguard import CircuitOpen, ConfigError
 from stormguard.protection import BreakerEvent, CircuitBreaker
@@ -238,17 +239,13 @@ def test_flaw_no_lock_held_across_the_call(clock: FakeClock, rng: random.Random)
     barrier = threading.Barrier(10, timeout=10)
     errors: list[BaseException] = []
 
-    def worker() -> None:
+    def worker(_: int) -> None:
         try:
             breaker.call(barrier.wait)
         except BaseException as exc:  # pragma: no cover - only on failure
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker) for _ in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    run_threads(worker, 10, timeout=20)
     assert errors == []
     assert not barrier.broken
 

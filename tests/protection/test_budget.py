@@ -7,6 +7,7 @@ import random
 import threading
 
 import pytest
+from protection_support import run_threads
 
 from stormguard import ConfigError
 from stormguard.protection import RetryBudget
@@ -43,16 +44,12 @@ def test_threads_share_one_budget_exactly(clock: FakeClock) -> None:
     granted = []
     lock = threading.Lock()
 
-    def worker() -> None:
+    def worker(_: int) -> None:
         mine = sum(budget.try_retry() for _ in range(100))
         with lock:
             granted.append(mine)
 
-    threads = [threading.Thread(target=worker) for _ in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_threads(worker, 32)
     assert sum(granted) == 1000
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -17,7 +18,15 @@ from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
 from ..core._ratelimit_headers import Quota, parse_rate_limits
-from ..protection._origin import COOLDOWN_STATUSES, OriginGuard, OriginGuards, guards_for
+from ..protection._origin import (
+    COOLDOWN_STATUSES,
+    OriginGuard,
+    OriginGuards,
+    Protection,
+    guards_for,
+    unknown_keywords,
+)
+from ..protection._quick import QuickGuard, quick_guard
 from ._driver import Detail, Engine, RetryHook, Run
 from ._driver import _twin as twin
 from ._http import (
@@ -30,14 +39,17 @@ from ._http import (
 )
 
 __all__ = [
+    "FrontOptions",
     "HttpCall",
     "HttpFront",
     "Lane",
     "Observation",
     "afirst_attempt",
+    "aresume",
     "awith_bulkhead",
     "first_attempt",
     "one_shot",
+    "resume",
     "with_bulkhead",
     "with_retry_if",
 ]
@@ -45,7 +57,18 @@ __all__ = [
 # What an origin guard observes of a response: status, header pairs, parsed hint.
 Observation = tuple[int, list[tuple[str, str]], float | None]
 
-_PROTECTION = ("breaker", "budget", "bulkhead", "cooldown", "pacing", "store", "guards")
+
+class FrontOptions(Protection, total=False):
+    """The keywords of both HTTP adapters (see RetryTransport's docstring)."""
+
+    policy: RetryPolicy | None
+    retry_if: Callable[[Any], bool | None] | None
+    idempotency_keys: bool
+    on_retry: RetryHook | Sequence[RetryHook]
+    body_excerpt: int
+    clock: Clock | None
+    rng: random.Random | None
+    guards: OriginGuards | None
 
 
 def with_retry_if(policy: RetryPolicy | None, retry_if: Any) -> RetryPolicy:
@@ -111,15 +134,15 @@ class HttpFront:
         """Whether the library's request has a body that can be sent again."""
         raise NotImplementedError
 
-    def _configure(self, keywords: dict[str, Any]) -> None:
-        """Take the adapter's keywords (its ``locals()``): policy, keys, hooks, protection."""
-        policy: RetryPolicy | None = keywords["policy"]
-        on_retry: RetryHook | Sequence[RetryHook] = keywords["on_retry"]
-        clock: Clock | None = keywords["clock"]
-        rng: random.Random | None = keywords["rng"]
-        self.policy = with_retry_if(policy, keywords["retry_if"])
-        self.idempotency_keys = bool(keywords["idempotency_keys"])
-        body_excerpt = keywords["body_excerpt"]
+    def _configure(self, owner: str, options: FrontOptions) -> None:
+        """Take the adapter's keywords (see :class:`FrontOptions`): policy, keys, hooks,
+        protection; an unknown one is a TypeError, as in any ``owner()`` call."""
+        unknown_keywords(owner, options, FrontOptions.__optional_keys__)
+        on_retry = options.get("on_retry", ())
+        clock, rng = options.get("clock"), options.get("rng")
+        self.policy = with_retry_if(options.get("policy"), options.get("retry_if"))
+        self.idempotency_keys = bool(options.get("idempotency_keys", False))
+        body_excerpt = options.get("body_excerpt", BODY_EXCERPT)
         if (
             not isinstance(body_excerpt, int)
             or isinstance(body_excerpt, bool)
@@ -131,32 +154,75 @@ class HttpFront:
         self.body_excerpt = body_excerpt
         self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
-        self.monotonic = self.clock.monotonic
+        self.monotonic = time.monotonic if self.clock is SYSTEM_CLOCK else self.clock.monotonic
         self.rng = rng
-        protection = {name: keywords[name] for name in _PROTECTION}
-        self.guards = guards_for(**protection, clock=clock, rng=rng)
+        protection: Protection = {  # type: ignore[assignment]
+            name: options[name]  # type: ignore[literal-required]
+            for name in Protection.__optional_keys__
+            if name in options
+        }
+        self.guards = guards_for(guards=options.get("guards"), clock=clock, rng=rng, **protection)
         self.engine = Engine(clock=self.clock, rng=rng, hooks=self.hooks)
         self._lanes: dict[Any, Lane] = {}
         # With every protection off no request needs an origin: one lane for all.
-        self.bare_lane = None if self.guards.enabled else Lane("", None, self.policy)
+        self.bare_lane = None if self.guards.enabled else self._make_lane("", None)
 
-    def lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
-        """The lane of the origin of ``url``; ``key`` is a cheap stand-in for the
-        scheme and authority of ``url`` (which decide its origin), ``origin_of``
-        computes the origin itself when the lane is made.
+    def open(
+        self, url: Any, key_of: Callable[[Any], Any], origin_of: Callable[[Any], str]
+    ) -> tuple[Lane, float, Any]:
+        """A request's first attempt to ``url``: its lane, when it starts, and its
+        ticket from the lane's gate (None: the general path makes the attempt).
 
-        A lane holds the guard the registry handed out and is used while the
-        registry's ``generation`` is unchanged: an eviction or a ``reset()`` (also
-        ``reset_process_guards()``) makes every lane ask the registry again at its
-        next request. Every ``_TOUCH_EVERY`` requests a lane also asks the registry
-        for its guard, which marks the origin recently used for eviction.
+        The lane is found by ``key_of(url)``, a cheap stand-in for the scheme and
+        authority of ``url`` (which decide its origin); ``origin_of`` computes the
+        origin itself when the lane is made. A lane holds the guard the registry
+        handed out and is used while the registry's ``generation`` is unchanged:
+        an eviction or a ``reset()`` (also ``reset_process_guards()``) makes every
+        lane ask the registry again at its next request. Every ``_TOUCH_EVERY``
+        requests a lane also asks the registry for its guard, which marks the
+        origin recently used for eviction.
         """
-        lane = self._lanes.get(key)
-        if lane is not None and lane.generation == self.guards.generation:
-            lane.uses += 1
-            if lane.uses < _TOUCH_EVERY:
-                return lane
-        return self._new_lane(key, url, origin_of)
+        lane = self.bare_lane
+        if lane is None:
+            key = key_of(url)
+            lane = self._lanes.get(key)
+            if lane is None or lane.generation != self.guards.generation:
+                lane = self._new_lane(key, url, origin_of)
+            else:
+                lane.uses += 1
+                if lane.uses >= _TOUCH_EVERY:
+                    lane = self._new_lane(key, url, origin_of)
+        started = self.monotonic()
+        gate = lane.gate
+        return lane, started, (True if gate is None else gate.enter(started))
+
+    def plain(self, lane: Lane, response: Any) -> bool:
+        """Whether ``response`` ends the call as it is, with nothing for the guard
+        to learn (a success without quota headers, or one nobody paces)."""
+        return response.status_code < 400 and not (
+            lane.observes and self.names_quota(response.headers)
+        )
+
+    def passes(self, lane: Lane, ticket: Any, started: float, response: Any) -> bool:
+        """:meth:`plain` for the result of a first attempt on the gate (a response
+        or an error); the gate is settled when it passes."""
+        if isinstance(response, BaseException) or response.status_code >= 400:
+            return False
+        if lane.observes and self.names_quota(response.headers):
+            return False
+        gate = lane.gate
+        if gate is not None:
+            gate.settle(ticket, started)
+        return True
+
+    @staticmethod
+    def broken(lane: Lane, exc: BaseException) -> Exception:
+        """The error a first attempt on the gate raised, to be judged; a cancellation
+        or interrupt gives the gate back what it took and is raised again."""
+        if isinstance(exc, Exception):
+            return exc
+        lane.abandon()
+        raise exc
 
     def _new_lane(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
         guards, lanes = self.guards, self._lanes
@@ -167,10 +233,15 @@ class HttpFront:
         if lane is None or lane.guard is not guard:
             if len(lanes) >= _MAX_LANES:
                 lanes.clear()
-            lane = lanes[key] = Lane(origin, guard, self.policy)
+            lane = lanes[key] = self._make_lane(origin, guard)
         lane.generation = generation
         lane.uses = 0
         return lane
+
+    def _make_lane(self, origin: str, guard: OriginGuard | None) -> Lane:
+        # A request that gets an Idempotency-Key needs its HttpCall before the send:
+        # such a front end's lanes always take the general path.
+        return Lane(origin, guard, self.policy, self.monotonic, general=self.idempotency_keys)
 
 
 class Lane:
@@ -183,6 +254,13 @@ class Lane:
     front end's policy with the origin's breaker and budget; ``observes`` says
     whether a response that is neither 429 nor 503 must still be shown to the
     guard (pacing reads every response's quota headers).
+
+    ``gate`` opens a first attempt: None when there is nothing to take (no
+    guard), else ``gate.enter(now)`` (``now`` on the front end's clock) returns a
+    ticket when the attempt may be sent at once -- its protection taken by the
+    guard's lock-free gate (protection/_quick.py) -- or None when the general path
+    (:func:`first_attempt`) must make it. ``fitting`` is the last request timeouts
+    that a first attempt found within the deadline: equal ones need no capping.
     """
 
     __slots__ = (
@@ -192,6 +270,8 @@ class Lane:
         "budget",
         "bulkhead",
         "deadline",
+        "fitting",
+        "gate",
         "generation",
         "guard",
         "max_wait",
@@ -203,7 +283,15 @@ class Lane:
         "uses",
     )
 
-    def __init__(self, origin: str, guard: OriginGuard | None, policy: RetryPolicy) -> None:
+    def __init__(
+        self,
+        origin: str,
+        guard: OriginGuard | None,
+        policy: RetryPolicy,
+        monotonic: Callable[[], float],
+        *,
+        general: bool = False,
+    ) -> None:
         self.origin = origin
         self.generation = -1
         self.uses = 0
@@ -215,11 +303,47 @@ class Lane:
         self.acount = getattr(self.budget, "arecord_request", None)
         self.deadline = policy.deadline_s
         self.max_wait = policy.max_wait_s
+        # The last timeouts a first attempt found within the deadline (nothing to cap).
+        self.fitting: Any = _UNSEEN
         self.bulkhead = None if guard is None else guard.bulkhead
         self.paced = guard is not None and guard.paced
         self.observes = guard is not None and guard.pacing
         # Anything to do before the send at all (count, pace, admit)?
         self.protected = self.paced or self.breaker is not None or self.budget is not None
+        self.gate: QuickGuard | _General | None = _GENERAL
+        if general:
+            return
+        if guard is None:
+            if self.breaker is None and self.budget is None:
+                self.gate = None
+        elif policy.breaker is guard.breaker and policy.budget is guard.budget:
+            # (a policy's own breaker or budget is taken by the general path)
+            self.gate = quick_guard(guard, monotonic) or _GENERAL
+
+    def abandon(self) -> None:
+        """A first attempt on the gate never ended (cancelled): the gate's take goes back."""
+        if self.gate is not None:
+            self.gate.abandon()
+
+
+class _General:
+    """The gate of a lane whose first attempts always take the general path."""
+
+    __slots__ = ()
+
+    def enter(self, now: float) -> None:
+        return None
+
+    # It hands out no tickets, so it is never settled nor abandoned.
+    def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
+        return None
+
+    def abandon(self) -> None:
+        return None
+
+
+_GENERAL = _General()
+_UNSEEN = object()
 
 
 _MAX_LANES = 1024
@@ -229,12 +353,14 @@ _TOUCH_EVERY = 256
 class HttpCall:
     """One logical HTTP request across its attempts.
 
-    The first attempt runs on a lean path (:func:`first_attempt`): the origin's
-    lane, the budget's count, pacing, the breaker's admission, the bulkhead, one
-    send. The engine (``run``) is started only when that attempt failed, from the
-    same start time, and drives every later attempt. Whether the request carries
-    an ``Idempotency-Key`` (``has_key``) and whether its body can be replayed
-    (``replayable``) are read only when an attempt failed.
+    An HttpCall is made only when a first attempt needs more than the lane's gate
+    (:meth:`HttpFront.open`): either the general first attempt
+    (:func:`first_attempt`: the budget's count, pacing, the breaker's admission,
+    the bulkhead, one send) or the judging of a gated attempt that did not simply
+    succeed (:func:`resume`). The engine (``run``) is started only when the first
+    attempt failed, from the same start time, and drives every later attempt.
+    Whether the request carries an ``Idempotency-Key`` (``has_key``) and whether
+    its body can be replayed (``replayable``) are read only when an attempt failed.
     """
 
     __slots__ = (
@@ -258,6 +384,7 @@ class HttpCall:
         url: Any,
         headers: MutableMapping[str, str],
         request: Any,
+        started: float,
     ) -> None:
         self.front = front
         self.lane = lane
@@ -273,7 +400,7 @@ class HttpCall:
                 self._has_key = True
         self.request = request
         self._run: Run | None = None
-        self.started = front.monotonic()
+        self.started = started
 
     @property
     def has_key(self) -> bool:
@@ -471,10 +598,32 @@ def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
     if permit is not None:
         permit.record(failure=outcome[1])
     if outcome[0] is None:
-        if outcome[3] is not None:
-            raise outcome[3]
-        return outcome[2]
+        return outcome.result()
     return call.run.run(send, first=outcome).result()
+
+
+def resume(
+    call: HttpCall, ticket: Any, first: Callable[[], Outcome], send: Callable[[], Outcome]
+) -> Any:
+    """A first attempt sent on the lane's gate (``ticket``) that did not simply
+    succeed: ``first()`` makes its Outcome (the slot still held), the gate gives the
+    slot back and records it, and the engine drives any retry with ``send``."""
+    try:
+        outcome = first()
+    except BaseException:
+        call.lane.abandon()
+        raise
+    if _settled(call, ticket, outcome):
+        return outcome.result()
+    return call.run.run(with_bulkhead(call, send), first=outcome).result()
+
+
+def _settled(call: HttpCall, ticket: Any, outcome: Outcome) -> bool:
+    # The gate's slot back and the outcome recorded; True when it ends the call.
+    gate = call.lane.gate
+    if gate is not None:
+        gate.settle(ticket, call.started, outcome[1])
+    return outcome[0] is None
 
 
 async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]) -> Any:
@@ -509,10 +658,25 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
         else:
             permit.record(failure=outcome[1])
     if outcome[0] is None:
-        if outcome[3] is not None:
-            raise outcome[3]
-        return outcome[2]
+        return outcome.result()
     return (await call.run.arun(asend, first=outcome)).result()
+
+
+async def aresume(
+    call: HttpCall,
+    ticket: Any,
+    first: Callable[[], Awaitable[Outcome]],
+    asend: Callable[[], Awaitable[Outcome]],
+) -> Any:
+    """Async twin of :func:`resume`."""
+    try:
+        outcome = await first()
+    except BaseException:
+        call.lane.abandon()
+        raise
+    if _settled(call, ticket, outcome):
+        return outcome.result()
+    return (await call.run.arun(awith_bulkhead(call, asend), first=outcome)).result()
 
 
 def _pace_limit(call: HttpCall) -> float:

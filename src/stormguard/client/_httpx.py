@@ -6,30 +6,33 @@
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Sequence
-from typing import Any
+import operator
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
-from .._clock import Clock
 from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import RetryPolicy
-from ..protection._origin import OriginGuards
-from ._driver import RetryHook
 from ._front import (
+    FrontOptions,
     HttpCall,
     HttpFront,
+    Lane,
     _success,
     afirst_attempt,
+    aresume,
     awith_bulkhead,
     first_attempt,
+    resume,
     with_bulkhead,
 )
 from ._http import body_worth_reading
 
 __all__ = ["RetryTransport"]
+
+_INF = math.inf
+T = TypeVar("T")
 
 _NOT_SENT: tuple[type[Exception], ...] = (
     httpx.ConnectError,
@@ -79,25 +82,34 @@ def _origin_key(url: httpx.URL) -> Any:
         return _origin(url)
 
 
-def _cap_timeouts(request: httpx.Request, remaining: float) -> None:
+def _cap_timeouts(request: httpx.Request, remaining: float) -> bool:
     """No attempt may outlive the call's deadline (``inf``: deadline=None).
 
-    The request's timeouts are rewritten only when the deadline shortens one.
+    The request's timeouts are rewritten only when the deadline shortens one;
+    True when none needed it.
     """
-    if remaining == math.inf:
-        return
     timeouts = request.extensions.get("timeout")
-    if isinstance(timeouts, dict):
-        remaining = max(0.001, remaining)
-        for value in timeouts.values():
-            if value is None or value > remaining:
-                break
-        else:
-            return
-        request.extensions["timeout"] = {
-            name: remaining if value is None else min(value, remaining)
-            for name, value in timeouts.items()
-        }
+    if remaining == _INF or not isinstance(timeouts, dict):
+        return True
+    remaining = max(0.001, remaining)
+    for value in timeouts.values():
+        if value is None or value > remaining:
+            break
+    else:
+        return True
+    request.extensions["timeout"] = {
+        name: remaining if value is None else min(value, remaining)
+        for name, value in timeouts.items()
+    }
+    return False
+
+
+def _cap_first(request: httpx.Request, lane: Lane) -> None:
+    """:func:`_cap_timeouts` for a first attempt (the whole deadline is left);
+    timeouts that fit are remembered, so the same ones need no look next time."""
+    timeouts = request.extensions.get("timeout")
+    if _cap_timeouts(request, lane.deadline):
+        lane.fitting = dict(timeouts) if isinstance(timeouts, dict) else timeouts
 
 
 def _wants_body(response: httpx.Response) -> bool:
@@ -154,48 +166,36 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def __init__(
         self,
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
-        *,
-        policy: RetryPolicy | None = None,
-        retry_if: Callable[[Any], bool | None] | None = None,
-        idempotency_keys: bool = False,
-        on_retry: RetryHook | Sequence[RetryHook] = (),
-        body_excerpt: int = 4096,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        breaker: Any = True,
-        budget: Any = True,
-        bulkhead: Any = True,
-        cooldown: Any = True,
-        pacing: Any = True,
-        store: Any = None,
-        guards: OriginGuards | None = None,
+        **options: Unpack[FrontOptions],
     ) -> None:
         self._inner = transport
         self._sync_inner: httpx.BaseTransport | None = None
         self._async_inner: httpx.AsyncBaseTransport | None = None
-        self._configure(locals())
+        self._configure("RetryTransport", options)
 
     # -- delegation -------------------------------------------------------------
 
     def _sync(self) -> httpx.BaseTransport:
         if self._sync_inner is None:
-            if self._inner is None:
-                self._sync_inner = httpx.HTTPTransport()
-            elif isinstance(self._inner, httpx.BaseTransport):
-                self._sync_inner = self._inner
-            else:
-                raise TypeError("the inner transport is async-only; use httpx.AsyncClient")
+            self._sync_inner = self._wrapped(
+                httpx.BaseTransport, httpx.HTTPTransport, "async-only; use httpx.AsyncClient"
+            )
         return self._sync_inner
 
     def _async(self) -> httpx.AsyncBaseTransport:
         if self._async_inner is None:
-            if self._inner is None:
-                self._async_inner = httpx.AsyncHTTPTransport()
-            elif isinstance(self._inner, httpx.AsyncBaseTransport):
-                self._async_inner = self._inner
-            else:
-                raise TypeError("the inner transport is sync-only; use httpx.Client")
+            self._async_inner = self._wrapped(
+                httpx.AsyncBaseTransport, httpx.AsyncHTTPTransport, "sync-only; use httpx.Client"
+            )
         return self._async_inner
+
+    def _wrapped(self, kind: type[T], default: Callable[[], T], otherwise: str) -> T:
+        # The inner transport for one protocol: the one given, or a default one.
+        if self._inner is None:
+            return default()
+        if isinstance(self._inner, kind):
+            return self._inner
+        raise TypeError(f"the inner transport is {otherwise}")
 
     def close(self) -> None:
         if self._sync_inner is not None:
@@ -210,13 +210,16 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             await self._inner.aclose()
 
     # -- the two front ends of the engine ---------------------------------------
+    #
+    # A request's first attempt goes through its lane's gate (Lane.enter): when the
+    # origin's protection is taken at once, the request is sent right here and a
+    # plain success (< 400, no quota headers to learn from) is handed back with no
+    # HttpCall, run or permit built. Anything else -- the gate saying no, a
+    # transport error, a status the table judges, quota headers -- goes to the
+    # general path of client/_front.py, which does what it always did.
 
-    def _call(self, request: httpx.Request) -> HttpCall:
-        url = request.url
-        lane = self.bare_lane
-        if lane is None:
-            lane = self.lane(_origin_key(url), url, _origin)
-        return HttpCall(self, lane, request.method, url, request.headers, request)
+    def _call(self, request: httpx.Request, lane: Lane, started: float) -> HttpCall:
+        return HttpCall(self, lane, request.method, request.url, request.headers, request, started)
 
     @staticmethod
     def replayable(request: Any) -> bool:
@@ -234,15 +237,13 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def names_quota(headers: Any) -> bool:
         """Whether a rate-limit header is among httpx ``headers`` (raw names, one pass)."""
         try:  # httpx keeps each name lower-cased beside the raw one
-            names = b" ".join([lower for _, lower, _ in headers._list])
+            names = b" ".join(map(_LOWER_NAME, headers._list))
         except AttributeError:
             names = b" ".join([name for name, _ in headers.raw]).lower()
-        return b"ratelimit" in names or b"rate-limit" in names
+        return b"rate" in names and (b"ratelimit" in names or b"rate-limit" in names)
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._sync_inner or self._sync()
-        call = self._call(request)
-        observes = call.lane.observes
+    def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
+        request = call.request
 
         def send() -> Outcome:
             _cap_timeouts(request, call.remaining())
@@ -250,26 +251,27 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 response = inner.handle_request(request)
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
-            status = response.status_code
-            if status < 400 and not (observes and self.names_quota(response.headers)):
-                return _success(response)
-            if _wants_body(response):
-                try:
-                    response.read()
-                except httpx.HTTPError as exc:
-                    # The body broke off (often: the deadline cut the read). A half-read
-                    # response cannot be handed back, so the attempt failed as its read.
-                    response.close()
-                    return call.error(_failure_kind(exc), exc)
-            return call.observed(response, status, response.headers, _body(response))
+            return self._outcome(call, response)
 
-        response: httpx.Response = first_attempt(call, with_bulkhead(call, send))
-        return response
+        return send
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._async_inner or self._async()
-        call = self._call(request)
-        observes = call.lane.observes
+    def _outcome(self, call: HttpCall, response: httpx.Response) -> Outcome:
+        if self.plain(call.lane, response):
+            return _success(response)
+        if _wants_body(response):
+            try:
+                response.read()
+            except httpx.HTTPError as exc:
+                # The body broke off (often: the deadline cut the read). A half-read
+                # response cannot be handed back, so the attempt failed as its read.
+                response.close()
+                return call.error(_failure_kind(exc), exc)
+        return call.observed(response, response.status_code, response.headers, _body(response))
+
+    def _asend(
+        self, call: HttpCall, inner: httpx.AsyncBaseTransport
+    ) -> Callable[[], Awaitable[Outcome]]:
+        request = call.request
 
         async def asend() -> Outcome:
             _cap_timeouts(request, call.remaining())
@@ -277,18 +279,78 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 response = await inner.handle_async_request(request)
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
-            status = response.status_code
-            if status < 400 and not (observes and self.names_quota(response.headers)):
-                return _success(response)
-            if _wants_body(response):
-                try:
-                    await response.aread()
-                except httpx.HTTPError as exc:
-                    # The body broke off (often: the deadline cut the read). A half-read
-                    # response cannot be handed back, so the attempt failed as its read.
-                    await response.aclose()
-                    return call.error(_failure_kind(exc), exc)
-            return await call.aobserved(response, status, response.headers, _body(response))
+            return await self._aoutcome(call, response)
 
-        response: httpx.Response = await afirst_attempt(call, awith_bulkhead(call, asend))
-        return response
+        return asend
+
+    async def _aoutcome(self, call: HttpCall, response: httpx.Response) -> Outcome:
+        if self.plain(call.lane, response):
+            return _success(response)
+        if _wants_body(response):
+            try:
+                await response.aread()
+            except httpx.HTTPError as exc:
+                await response.aclose()  # a half-read body: as in _outcome()
+                return call.error(_failure_kind(exc), exc)
+        return await call.aobserved(
+            response, response.status_code, response.headers, _body(response)
+        )
+
+    def _first(self, call: HttpCall, result: Any) -> Outcome:
+        if isinstance(result, Exception):
+            return call.error(_failure_kind(result), result)
+        return self._outcome(call, result)
+
+    async def _afirst(self, call: HttpCall, result: Any) -> Outcome:
+        if isinstance(result, Exception):
+            return call.error(_failure_kind(result), result)
+        return await self._aoutcome(call, result)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._sync_inner or self._sync()
+        lane, started, ticket = self.open(request.url, _origin_key, _origin)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
+        try:
+            if request.extensions.get("timeout") != lane.fitting:
+                _cap_first(request, lane)
+            response: Any = inner.handle_request(request)
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        if self.passes(lane, ticket, started, response):
+            return response  # type: ignore[no-any-return]
+        return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+
+    def _resume(
+        self,
+        request: httpx.Request,
+        lane: Lane,
+        started: float,
+        ticket: Any,
+        response: Any,
+        inner: httpx.BaseTransport,
+    ) -> Any:
+        call = self._call(request, lane, started)
+        return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._async_inner or self._async()
+        lane, started, ticket = self.open(request.url, _origin_key, _origin)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
+        try:
+            if request.extensions.get("timeout") != lane.fitting:
+                _cap_first(request, lane)
+            response: Any = await inner.handle_async_request(request)
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        if self.passes(lane, ticket, started, response):
+            return response  # type: ignore[no-any-return]
+        call = self._call(request, lane, started)
+        first = lambda: self._afirst(call, response)  # noqa: E731
+        return await aresume(call, ticket, first, self._asend(call, inner))  # type: ignore[no-any-return]
+
+
+_LOWER_NAME = operator.itemgetter(1)

@@ -5,9 +5,8 @@
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Unpack
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -17,16 +16,33 @@ from urllib3.exceptions import (
     NewConnectionError,
 )
 
-from .._clock import Clock
 from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..core._policy import RetryPolicy
-from ..protection._origin import OriginGuards, origin_of
-from ._driver import RetryHook
-from ._front import HttpCall, HttpFront, _success, first_attempt, with_bulkhead
+from ..protection._origin import origin_of
+from ._front import (
+    FrontOptions,
+    HttpCall,
+    HttpFront,
+    Lane,
+    _success,
+    first_attempt,
+    resume,
+    with_bulkhead,
+)
 from ._http import body_worth_reading
 
 __all__ = ["RetryAdapter"]
+
+
+class RequestsOptions(FrontOptions, total=False):
+    """RetryAdapter's keywords: the adapters' own, and HTTPAdapter's pool settings."""
+
+    pool_connections: int
+    pool_maxsize: int
+    pool_block: bool
+
+
+_POOL = ("pool_connections", "pool_maxsize", "pool_block")
 
 _NEVER_CONNECTED = (NewConnectionError, ConnectTimeoutError, NameResolutionError)
 
@@ -63,29 +79,12 @@ class RetryAdapter(HttpFront, HTTPAdapter):
     default and off with ``False``.
     """
 
-    def __init__(
-        self,
-        *,
-        policy: RetryPolicy | None = None,
-        retry_if: Callable[[Any], bool | None] | None = None,
-        idempotency_keys: bool = False,
-        on_retry: RetryHook | Sequence[RetryHook] = (),
-        body_excerpt: int = 4096,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        breaker: Any = True,
-        budget: Any = True,
-        bulkhead: Any = True,
-        cooldown: Any = True,
-        pacing: Any = True,
-        store: Any = None,
-        guards: OriginGuards | None = None,
-        **adapter_kwargs: Any,
-    ) -> None:
-        if "max_retries" in adapter_kwargs:
+    def __init__(self, **options: Unpack[RequestsOptions]) -> None:
+        if "max_retries" in options:
             raise TypeError("RetryAdapter decides retries itself; do not pass max_retries")
-        super().__init__(max_retries=0, **adapter_kwargs)
-        self._configure(locals())
+        pool = {name: options.pop(name) for name in _POOL if name in options}  # type: ignore[misc]
+        super().__init__(max_retries=0, **pool)
+        self._configure("RetryAdapter", options)
 
     @staticmethod
     def pairs(headers: Any) -> list[tuple[str, str]]:
@@ -95,8 +94,11 @@ class RetryAdapter(HttpFront, HTTPAdapter):
     @staticmethod
     def names_quota(headers: Any) -> bool:
         """Whether a rate-limit header is among requests ``headers`` (one pass)."""
-        names = " ".join(headers).lower()
-        return "ratelimit" in names or "rate-limit" in names
+        try:  # a CaseInsensitiveDict keeps its names lower-cased as its keys
+            names = " ".join(headers._store)
+        except AttributeError:
+            names = " ".join(headers).lower()
+        return "rate" in names and ("ratelimit" in names or "rate-limit" in names)
 
     @staticmethod
     def replayable(request: Any) -> bool:
@@ -113,36 +115,74 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
+        # As RetryTransport.handle_request: the lane's gate first, the general path
+        # of client/_front.py for anything but a plain success.
+        lane, started, ticket = self.open(request.url or "", _origin_key, origin_of)
+        options = (stream, timeout, verify, cert, proxies)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            return first_attempt(call, with_bulkhead(call, self._send(call, options)))  # type: ignore[no-any-return]
+        if timeout != lane.fitting:  # else: found within the deadline before
+            capped = _cap_timeout(timeout, lane.deadline)
+            if capped == timeout:
+                lane.fitting = timeout
+            timeout = capped
+        try:
+            response: Any = super().send(request, stream, timeout, verify, cert, proxies)  # type: ignore[arg-type]
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        if self.passes(lane, ticket, started, response):
+            return response  # type: ignore[no-any-return]
+        return self._resume(request, lane, started, ticket, response, options)
+
+    def _resume(
+        self,
+        request: requests.PreparedRequest,
+        lane: Lane,
+        started: float,
+        ticket: Any,
+        response: Any,
+        options: tuple[Any, ...],
+    ) -> requests.Response:
+        call = self._call(request, lane, started)
+        first = lambda: self._first(call, response)  # noqa: E731
+        return resume(call, ticket, first, self._send(call, options))  # type: ignore[no-any-return]
+
+    def _call(self, request: requests.PreparedRequest, lane: Lane, started: float) -> HttpCall:
         url = request.url or ""
-        lane = self.bare_lane
-        if lane is None:
-            lane = self.lane(_origin_key(url), url, origin_of)
-        call = HttpCall(self, lane, request.method or "GET", url, request.headers, request)
+        return HttpCall(self, lane, request.method or "GET", url, request.headers, request, started)
+
+    def _send(self, call: HttpCall, options: tuple[Any, ...]) -> Callable[[], Outcome]:
+        stream, timeout, verify, cert, proxies = options
         adapter_send = super().send
-        observes = lane.observes
 
         def send_once() -> Outcome:
             capped = _cap_timeout(timeout, call.remaining())
             try:
-                response = adapter_send(request, stream, capped, verify, cert, proxies)
+                response = adapter_send(call.request, stream, capped, verify, cert, proxies)
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
-            status = response.status_code
-            if status < 400 and not (observes and self.names_quota(response.headers)):
-                return _success(response)
-            small = status >= 400 and body_worth_reading(
-                status, response.headers.get("content-length")
-            )
-            try:
-                body = response.content if small else None
-            except requests.RequestException as exc:
-                # The body broke off mid-read: the attempt failed as its read did.
-                response.close()
-                return call.error(_failure_kind(exc), exc)
-            return call.observed(response, status, response.headers, body)
+            return self._outcome(call, response)
 
-        result: requests.Response = first_attempt(call, with_bulkhead(call, send_once))
-        return result
+        return send_once
+
+    def _first(self, call: HttpCall, result: Any) -> Outcome:
+        if isinstance(result, Exception):
+            return call.error(_failure_kind(result), result)
+        return self._outcome(call, result)
+
+    def _outcome(self, call: HttpCall, response: requests.Response) -> Outcome:
+        status = response.status_code
+        if self.plain(call.lane, response):
+            return _success(response)
+        small = status >= 400 and body_worth_reading(status, response.headers.get("content-length"))
+        try:
+            body = response.content if small else None
+        except requests.RequestException as exc:
+            # The body broke off mid-read: the attempt failed as its read did.
+            response.close()
+            return call.error(_failure_kind(exc), exc)
+        return call.observed(response, status, response.headers, body)
 
 
 def _origin_key(url: str) -> str:

@@ -30,7 +30,7 @@ def _real(value: object) -> bool:
 class RetryBudgetCore:
     """Retry admission from first attempts and retries in a sliding window."""
 
-    __slots__ = ("_ring", "min_per_second", "ratio", "reserve", "window")
+    __slots__ = ("_ring", "min_per_second", "ratio", "reserve", "ring", "window")
 
     def __init__(
         self, *, ratio: float, min_per_second: float, window: float, buckets: int = 10
@@ -48,6 +48,9 @@ class RetryBudgetCore:
         self.window = float(window)
         self.reserve = self.min_per_second * self.window
         self._ring = RingWindow(self.window, buckets)  # a = first attempts, b = retries
+        # Read-only for hot paths: a first attempt made before ring.bucket_end may be
+        # counted later with add_requests().
+        self.ring = self._ring
 
     def record_request(self, now: float) -> None:
         """Deposit: one first attempt was sent at ``now``."""
@@ -56,6 +59,12 @@ class RetryBudgetCore:
             ring.roll(now)
         ring.a[ring.j] += 1
         ring.a_total += 1
+
+    def add_requests(self, count: int) -> None:
+        """Count ``count`` first attempts made before ``ring.bucket_end`` (in the newest bucket)."""
+        ring = self._ring
+        ring.a[ring.j] += count
+        ring.a_total += count
 
     def try_retry(self, now: float) -> bool:
         """Withdraw one retry if the budget allows it at ``now``; False otherwise."""

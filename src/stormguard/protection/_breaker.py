@@ -40,6 +40,7 @@ from ..stores._memory import MemoryStore
 from ._breaker_store import BreakerStore, RemoteAdmission
 from ._memory_cells import memory_cell
 from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
+from ._tally import drained
 
 __all__ = ["CircuitBreaker"]
 
@@ -268,21 +269,7 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
                 self._drain()
                 self._core.release(now, admission)
             return
-        core = self._core
-        failure = outcome == "fail"
-        if (
-            not failure
-            and now < core.quiet_until
-            and admission is core.closed_admission
-            and (self._slow is None or now - permit.started < self._slow)
-        ):
-            pending = self._pending  # the lock-free success path, as in call()
-            pending.append(1)
-            if len(pending) >= _BATCH:
-                with self._lock:
-                    self._drain()
-            return
-        self._outcome(admission, permit.started, failure, now)
+        self.settle(admission, permit.started, now, outcome == "fail")
 
     async def _arecord(self, permit: Permit, outcome: Outcome) -> None:
         if not permit.remote:
@@ -321,9 +308,19 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         if type(result) is CoroutineType:
             result.close()  # type: ignore[attr-defined]
             raise _coroutine_error(fn)
-        now = self._monotonic()
+        self.settle(admission, started, self._monotonic())
+        return result
+
+    def settle(
+        self, admission: Admission, started: float, now: float, failure: bool = False
+    ) -> None:
+        """Record the outcome of a local ``admission`` granted at ``started``, at
+        ``now`` (both on this breaker's clock): ``Permit.record()`` for callers that
+        hold the admission itself (``call()``, the adapters' success path)."""
+        core = self._core
         if (
-            now < core.quiet_until
+            not failure
+            and now < core.quiet_until
             and admission is core.closed_admission
             and (self._slow is None or now - started < self._slow)
         ):
@@ -334,16 +331,13 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
             if len(pending) >= _BATCH:
                 with self._lock:
                     self._drain()
-            return result
-        self._outcome(admission, started, False, now)
-        return result
+            return
+        self._outcome(admission, started, failure, now)
 
     def _drain(self) -> None:
         # Lock held: count the successes queued by the lock-free fast path.
-        pending = self._pending
-        if pending:
-            count = len(pending)
-            del pending[:count]
+        count = drained(self._pending)
+        if count:
             self._core.add_successes(count)
 
     def _outcome(

@@ -5,6 +5,14 @@
 # talks to it: the point is to bound the *total* extra load retries add. The lock
 # is held only for the O(1) counter update. While the store is unreachable the
 # budget counts locally (logged once), and rejoins when the store answers.
+#
+# Deposits without the lock: a first attempt made before the newest bucket of the
+# window ends belongs to that bucket, so it can wait to be counted. It is queued
+# in `_deposits` (list.append is one atomic step under the GIL; nothing is lost
+# between threads) and every locked operation counts the queue into that bucket
+# first, before the window moves on: a withdrawal sees every deposit made before
+# it, in the bucket it was made in. The queue is counted every _BATCH deposits
+# too, so it stays short.
 from __future__ import annotations
 
 import threading
@@ -17,8 +25,11 @@ from ..core._budget import RetryBudgetCore
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth
 from ..stores._memory import MemoryStore
 from ._memory_cells import memory_cell
+from ._tally import drained
 
 __all__ = ["RetryBudget"]
+
+_BATCH = 256  # lock-free deposits counted in one go (as the breaker's successes)
 
 
 class RetryBudget:
@@ -39,6 +50,7 @@ class RetryBudget:
 
     __slots__ = (
         "_core",
+        "_deposits",
         "_health",
         "_key",
         "_lock",
@@ -69,6 +81,7 @@ class RetryBudget:
             time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
         )
         self._lock = threading.Lock()
+        self._deposits: list[int] = []
         self.name = name
         self._scripts: ScriptStore | None = None
         self._health = StoreHealth(
@@ -84,8 +97,8 @@ class RetryBudget:
                 raise ConfigError("name", "a budget shared through a store needs a name")
             if isinstance(store, MemoryStore):
                 # Same name, same MemoryStore: one set of counters (first settings win).
-                self._core, self._lock = memory_cell(
-                    store, "budget", name, lambda: (self._core, self._lock)
+                self._core, self._lock, self._deposits = memory_cell(
+                    store, "budget", name, lambda: (self._core, self._lock, self._deposits)
                 )
                 return
             self._scripts = ScriptStore(store, self._health.label)
@@ -101,7 +114,7 @@ class RetryBudget:
     def record_request(self) -> None:
         """Count one first attempt (deposits ``ratio`` of a retry)."""
         if self._scripts is None:
-            self._local_request()
+            self.deposit(self._monotonic())
         else:
             self._health.call(self._remote_request, self._local_request)
 
@@ -114,7 +127,7 @@ class RetryBudget:
     async def arecord_request(self) -> None:
         """Async twin of :meth:`record_request`."""
         if self._scripts is None:
-            self._local_request()
+            self.deposit(self._monotonic())
         else:
             await self._health.acall(self._aremote_request, self._local_request)
 
@@ -140,11 +153,39 @@ class RetryBudget:
         assert self._scripts is not None
         return bool(int(await self._scripts.arun("budget", [self._key], self._retry_args)))
 
+    def deposit(self, now: float) -> None:
+        """Count one first attempt made at ``now`` (on this budget's clock), locally.
+
+        The success path's form of :meth:`record_request` for a budget without a
+        store: no lock while ``now`` falls in the window's newest bucket.
+        """
+        queued = now < self._core.ring.bucket_end
+        if queued:
+            deposits = self._deposits
+            deposits.append(1)
+            if len(deposits) < _BATCH:
+                return
+        lock = self._lock
+        lock.acquire()  # (explicit: half the cost of `with` on CPython 3.11)
+        try:
+            self._count_deposits()
+            if not queued:
+                self._core.record_request(now)
+        finally:
+            lock.release()
+
+    def _count_deposits(self) -> None:
+        # Lock held: count the queued deposits into the bucket they were made in.
+        count = drained(self._deposits)
+        if count:
+            self._core.add_requests(count)
+
     def _local_request(self) -> None:
         now = self._monotonic()
         lock = self._lock
         lock.acquire()
         try:
+            self._count_deposits()
             self._core.record_request(now)
         finally:
             lock.release()
@@ -152,12 +193,14 @@ class RetryBudget:
     def _local_retry(self) -> bool:
         now = self._monotonic()
         with self._lock:
+            self._count_deposits()
             return self._core.try_retry(now)
 
     def balance(self) -> float:
         """Retries this process's local budget still allows now."""
         now = self._monotonic()
         with self._lock:
+            self._count_deposits()
             return self._core.balance(now)
 
     @property

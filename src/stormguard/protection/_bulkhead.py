@@ -1,13 +1,27 @@
 # The bulkhead: at most `limit` calls in flight, for threads and asyncio tasks
 # alike, with a bounded wait for a slot.
 #
-# One counter under one threading.Lock (held for O(1) bookkeeping only) and a FIFO
-# of waiters. A waiter is a threading.Event (sync) or a future on its own loop
-# (async). release() hands the slot straight to the first waiter (no barging, so
-# waiters are served in order) by setting `granted` under the lock; the waiter
-# re-checks `granted` under the lock after waking, timing out or being cancelled,
-# which settles the race between a grant and a timeout: a granted slot is either
-# used or passed on, never lost.
+# The free slots are tokens in a list (`_free`, `limit` of them at first). Taking
+# one is `_free.pop()` and giving one back `_free.append(...)`: each a single
+# atomic step under the GIL, so an uncontended acquire and release take no lock
+# (the adapters' success path; see issue 17). A slot is never over-taken: a pop
+# either gets a token or raises IndexError, so `limit - len(_free)` is exactly
+# the number of holders, whatever the interleaving.
+#
+# The lock guards the FIFO of waiters (a threading.Event for sync callers, a
+# future on its own loop for async ones) and every hand-off to them. Two rules
+# keep a freed slot from missing a waiter that is about to sleep:
+#   * whoever frees a slot appends the token *first* and looks at the queue
+#     *after*; if anyone waits, it hands free tokens out under the lock;
+#   * a waiter joins the queue *first* and, in the same hold of the lock, hands
+#     free tokens out (to the queue's head) *after*.
+# Of the two pairs of steps one always sees the other's first step (the GIL runs
+# them in one order), so either the releaser finds the waiter or the waiter finds
+# the token. A newcomer takes a token lock-free only while nobody is queued, so it
+# never overtakes a waiter that queued before it looked. A waiter re-checks
+# `granted` under the lock after waking, timing out or being cancelled, which
+# settles the race between a grant and a timeout: a granted slot is either used
+# or passed on, never lost.
 from __future__ import annotations
 
 import asyncio
@@ -58,7 +72,7 @@ class Bulkhead(Scope, AsyncScope, Decorator):
     ``clock`` measures the waits (default: the system clock).
     """
 
-    __slots__ = ("_clock", "_in_flight", "_lock", "_poll", "_waiters", "limit", "max_wait", "name")
+    __slots__ = ("_clock", "_free", "_lock", "_poll", "_waiters", "limit", "max_wait", "name")
 
     def __init__(
         self,
@@ -81,28 +95,52 @@ class Bulkhead(Scope, AsyncScope, Decorator):
         # that advances it sees the wait end.
         self._poll = math.inf if self._clock is SYSTEM_CLOCK else _POLL
         self._lock = threading.Lock()
-        self._in_flight = 0
+        self._free: list[None] = [None] * limit
         self._waiters: deque[_Waiter] = deque()
 
     def __repr__(self) -> str:
-        return f"Bulkhead({self.limit}, max_wait={self.max_wait}, in_flight={self._in_flight})"
+        return f"Bulkhead({self.limit}, max_wait={self.max_wait}, in_flight={self.in_flight})"
 
     @property
     def in_flight(self) -> int:
         """Calls holding a slot now."""
-        return self._in_flight
+        return self.limit - len(self._free)
 
     @property
     def waiting(self) -> int:
         """Callers waiting for a slot now."""
         return len(self._waiters)
 
-    def _try_take(self) -> bool:
-        # Under the lock. Waiters first: a newcomer never overtakes the queue.
-        if self._in_flight < self.limit and not self._waiters:
-            self._in_flight += 1
-            return True
-        return False
+    def try_acquire(self) -> bool:
+        """Take a free slot at once, without a lock; False when none is free or
+        callers are queued for one (then :meth:`acquire` waits in line)."""
+        if self._waiters:
+            return False
+        try:
+            self._free.pop()
+        except IndexError:
+            return False
+        return True
+
+    def _hand_out(self) -> None:
+        # Lock held: free tokens go to the queue's head, in order.
+        waiters, free = self._waiters, self._free
+        while waiters:
+            try:
+                free.pop()
+            except IndexError:
+                return
+            waiter = waiters.popleft()
+            waiter.granted = True
+            if waiter.event is not None:
+                waiter.event.set()
+            else:
+                assert waiter.loop is not None and waiter.future is not None
+                try:
+                    waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+                except RuntimeError:
+                    # Its loop is closed: the waiter is gone with it; the slot is not.
+                    free.append(None)
 
     def _wait_for(self, max_wait: float | None) -> float:
         return self.max_wait if max_wait is None else max(0.0, min(self.max_wait, max_wait))
@@ -110,13 +148,17 @@ class Bulkhead(Scope, AsyncScope, Decorator):
     def _queue(self, max_wait: float, waiter: Callable[[], _Waiter]) -> _Waiter | None:
         # A free slot: taken, None. Else a new waiter in the queue, or BulkheadFull at once
         # when the caller will not wait.
+        if self.try_acquire():
+            return None
         with self._lock:
-            if self._try_take():
-                return None
-            if max_wait <= 0:
-                raise BulkheadFull(self.limit, 0.0)
             queued = waiter()
             self._waiters.append(queued)
+            self._hand_out()  # after joining the queue: see the rules at the top
+            if queued.granted:
+                return None
+            if max_wait <= 0:
+                self._waiters.remove(queued)
+                raise BulkheadFull(self.limit, 0.0)
             return queued
 
     def _settle(self, waiter: _Waiter, start: float) -> None:
@@ -174,22 +216,17 @@ class Bulkhead(Scope, AsyncScope, Decorator):
 
     def release(self) -> None:
         """Give a slot back (to the first waiter, if any)."""
+        free = self._free
+        free.append(None)
+        if len(free) > self.limit:
+            free.pop()
+            raise RuntimeError("Bulkhead.release() without a matching acquire")
+        if self._waiters:  # after freeing the slot: see the rules at the top
+            self._hand_out_locked()
+
+    def _hand_out_locked(self) -> None:
         with self._lock:
-            if self._waiters:
-                waiter = self._waiters.popleft()
-                waiter.granted = True  # the slot moves to it; in_flight is unchanged
-                if waiter.event is not None:
-                    waiter.event.set()
-                else:
-                    assert waiter.loop is not None and waiter.future is not None
-                    try:
-                        waiter.loop.call_soon_threadsafe(_wake, waiter.future)
-                    except RuntimeError:
-                        pass  # its loop is closed; the waiter is gone with it
-                return
-            if self._in_flight <= 0:
-                raise RuntimeError("Bulkhead.release() without a matching acquire")
-            self._in_flight -= 1
+            self._hand_out()
 
     def _enter(self) -> None:
         self.acquire()

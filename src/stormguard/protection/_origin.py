@@ -21,7 +21,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urlsplit
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -36,6 +36,7 @@ from ._pacer import Pacer
 __all__ = [
     "OriginGuard",
     "OriginGuards",
+    "Protection",
     "guards_for",
     "origin_of",
     "process_guards",
@@ -93,6 +94,33 @@ def origin_of(url: str) -> str:
 
 
 Setting = bool | Mapping[str, Any] | None | object
+
+
+class Protection(TypedDict, total=False):
+    """The per-origin protection keywords, each ``True`` by default (``store``: None).
+
+    ``breaker``, ``budget``, ``bulkhead``, ``cooldown``, ``pacing``: ``True`` (on,
+    defaults), ``False``/``None`` (off), a mapping of settings, or a ready object
+    shared by every origin. ``store`` shares breakers, budgets and cooldowns across
+    processes.
+    """
+
+    breaker: Setting
+    budget: Setting
+    bulkhead: Setting
+    cooldown: Setting
+    pacing: Setting
+    store: Any
+
+
+_PARTS = ("breaker", "budget", "bulkhead", "cooldown", "pacing")
+
+
+def unknown_keywords(owner: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Raise TypeError, as Python would, for a keyword ``owner`` does not take."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 def _settings(value: object, field: str, kind: type) -> dict[str, Any] | object | None:
@@ -356,18 +384,17 @@ class OriginGuards:
     def __init__(
         self,
         *,
-        breaker: Setting = True,
-        budget: Setting = True,
-        bulkhead: Setting = True,
-        cooldown: Setting = True,
-        pacing: Setting = True,
-        store: Any = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        **protection: Unpack[Protection],
     ) -> None:
+        unknown_keywords("OriginGuards", protection, Protection.__optional_keys__)
+        breaker, budget, bulkhead, cooldown, pacing = (
+            protection.get(name, True) for name in _PARTS
+        )
         self._clock = clock or SYSTEM_CLOCK
         self._rng = rng
-        self._store = store
+        self._store = protection.get("store")
         self._breaker = _settings(breaker, "breaker", CircuitBreaker)
         if isinstance(self._breaker, dict):
             self._breaker = {**_DEFAULT_BREAKER, **self._breaker}
@@ -529,14 +556,9 @@ def reset_process_guards() -> None:
 def guards_for(
     *,
     guards: OriginGuards | None = None,
-    breaker: Setting = True,
-    budget: Setting = True,
-    bulkhead: Setting = True,
-    cooldown: Setting = True,
-    pacing: Setting = True,
-    store: Any = None,
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    **protection: Unpack[Protection],
 ) -> OriginGuards:
     """What an adapter's protection keywords resolve to.
 
@@ -550,16 +572,7 @@ def guards_for(
     """
     if guards is not None:
         return guards
-    settings = (breaker, budget, bulkhead, cooldown, pacing)
-    if all(value is True for value in settings) and (store, clock, rng) == (None, None, None):
+    defaults = all(protection.get(name, True) is True for name in _PARTS)
+    if defaults and (protection.get("store"), clock, rng) == (None, None, None):
         return process_guards()
-    return OriginGuards(
-        breaker=breaker,
-        budget=budget,
-        bulkhead=bulkhead,
-        cooldown=cooldown,
-        pacing=pacing,
-        store=store,
-        clock=clock,
-        rng=rng,
-    )
+    return OriginGuards(clock=clock, rng=rng, **protection)

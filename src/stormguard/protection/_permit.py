@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core._breaker import Admission, BreakerState
@@ -38,6 +38,7 @@ Report = Callable[["Permit", Outcome], None]
 AReport = Callable[["Permit", Outcome], Awaitable[None]]
 
 
+@dataclass(slots=True, eq=False)
 class Permit:
     """One admitted call. Report its outcome once with :meth:`record`.
 
@@ -45,26 +46,16 @@ class Permit:
     holds a probe slot until its lease ends (``probe_lease``). The duration used
     for ``slow_call`` runs from the admission to the report, on the breaker's clock.
 
-    A permit is a small value: the admission, when it started, the shared lease it
-    holds (if any) and the two functions that report back to whoever granted it.
+    A permit is a small value: the admission, when it started, the two functions
+    that report back to whoever granted it, and the shared lease it holds (if any).
     """
 
-    __slots__ = ("_done", "_reports", "admission", "lease_id", "remote", "started")
-
-    def __init__(
-        self,
-        admission: Admission,
-        started: float,
-        reports: tuple[Report, AReport],
-        remote: bool = False,
-        lease_id: str = "",
-    ) -> None:
-        self.admission = admission
-        self.started = started
-        self._reports = reports
-        self.remote = remote
-        self.lease_id = lease_id
-        self._done = False
+    admission: Admission
+    started: float
+    _reports: tuple[Report, AReport]
+    remote: bool = False
+    lease_id: str = ""
+    _done: bool = field(default=False, init=False)
 
     @property
     def probe(self) -> bool:

@@ -1,0 +1,183 @@
+# An origin's protection on the success path: the first attempt without a lock.
+#
+# An adapter's first attempt takes, in the engine's order (core/_engine.py), COUNT
+# (the retry budget), PACE (cooldown, then pacing), ADMIT (the breaker) and a
+# bulkhead slot; after the send it gives the slot back and RECORDs the outcome.
+# The general path (client/_front.py's first_attempt) performs them through each
+# object's own methods. When every part of an origin's guard is local (no store),
+# all read one clock, and nothing is pending -- no running pause, no pacing of the
+# origin, the breaker closed, a slot free -- each step is an attribute read or one
+# atomic list operation:
+#
+#   PACE    no running pause in the cooldown's map and no pacer for the origin:
+#           the wait is 0 (what OriginGuard.wait_before answers then)
+#   ADMIT   the breaker's closed admission, one attribute replaced atomically
+#           (what CircuitBreaker.acquire hands out while closed)
+#   slot    Bulkhead.try_acquire(): a token popped off its free list
+#   COUNT   RetryBudget.deposit(): queued without the lock while the bucket lasts
+#   RECORD  CircuitBreaker.settle(): a success queued without the lock while quiet
+#
+# The gate looks at everything before it takes anything: a gate that finds
+# something pending has taken nothing, and the adapter takes the general path,
+# which waits, refuses or raises exactly as before. Of the takes, only the slot
+# can fail; it comes before the count, which cannot.
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._breaker import _BATCH, CircuitBreaker
+from ._budget import RetryBudget
+from ._bulkhead import Bulkhead
+from ._cooldown import Cooldown
+from ._origin import OriginGuard
+from ._pacer import Pacer
+
+__all__ = ["QuickGuard", "quick_guard"]
+
+
+def quick_guard(guard: OriginGuard, monotonic: Callable[[], float]) -> QuickGuard | None:
+    """``guard``'s lock-free gate when every part is local and reads ``monotonic``
+    (the adapter's clock), else None (the adapter always takes the general path)."""
+    breaker, budget = guard.breaker, guard.budget
+    cooldown, pacer = guard._cooldown, guard._pacer
+    if guard.bulkhead is not None and type(guard.bulkhead) is not Bulkhead:
+        return None
+    if type(breaker) is CircuitBreaker and breaker._slow is not None:
+        return None  # a slow_call breaker judges each duration: its own methods do
+    # The parts that read a clock on the way: each local and on the adapter's clock.
+    timed: list[tuple[Any, bool]] = [
+        (breaker, type(breaker) is CircuitBreaker and breaker._store is None),
+        (budget, type(budget) is RetryBudget and budget._scripts is None),
+        (cooldown, type(cooldown) is Cooldown and cooldown._scripts is None),
+        (pacer, type(pacer) is Pacer),
+    ]
+    for part, local in timed:
+        if part is not None and not (local and part._monotonic == monotonic):
+            return None
+    return QuickGuard(guard)
+
+
+class QuickGuard:
+    """The lock-free gate of one origin's first attempt (see the module comment).
+
+    ``enter(now)`` returns a ticket (the breaker's admission, or True without a
+    breaker) when the attempt may go at once, with its slot taken and its count
+    made; None when the general path must decide (nothing was taken). After the
+    attempt, ``settle(ticket, started, failure)`` gives the slot back and records
+    the outcome; ``abandon()`` ends an attempt that never ended (cancelled).
+    """
+
+    # The parts' own lists and maps, read directly: each method is one frame.
+    breaker: Any
+    budget: Any
+    bulkhead: Any
+
+    __slots__ = (
+        "_deposits",
+        "_free",
+        "_monotonic",
+        "_pending",
+        "_ring",
+        "_waiters",
+        "breaker",
+        "budget",
+        "bulkhead",
+        "core",
+        "guard",
+        "paced",
+        "pauses",
+    )
+
+    def __init__(self, guard: OriginGuard) -> None:
+        self.guard = guard
+        breaker, budget, bulkhead = guard.breaker, guard.budget, guard.bulkhead
+        self.breaker = breaker
+        self.budget = budget
+        self.bulkhead = bulkhead
+        nothing: Any = None
+        self.core = nothing if breaker is None else breaker._core
+        self._pending = nothing if breaker is None else breaker._pending
+        self._monotonic = nothing if breaker is None else breaker._monotonic
+        self._ring = nothing if budget is None else budget._core.ring
+        self._deposits = nothing if budget is None else budget._deposits
+        self._free = nothing if bulkhead is None else bulkhead._free
+        self._waiters = nothing if bulkhead is None else bulkhead._waiters
+        # Empty maps (no pause, no pacing anywhere) say "nothing pending" at one look.
+        self.pauses = {} if guard._cooldown is None else guard._cooldown._pauses
+        self.paced = {} if guard._pacer is None else guard._pacer._origins
+
+    def enter(self, now: float) -> Any:
+        """Take the first attempt's protection at ``now``; a ticket, or None."""
+        if (self.pauses or self.paced or self.guard._episode is not None) and self._pending_at(now):
+            return None
+        ticket: Any = True
+        core = self.core
+        if core is not None:
+            ticket = core.closed_admission
+            if ticket is None:
+                return None
+        free = self._free
+        if free is not None:  # Bulkhead.try_acquire(), inline
+            if self._waiters:
+                return None
+            try:
+                free.pop()
+            except IndexError:
+                return None
+        ring = self._ring
+        if ring is not None:  # RetryBudget.deposit(now), its lock-free case inline
+            deposits = self._deposits
+            if now < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
+                deposits.append(1)
+            else:
+                self.budget.deposit(now)
+        return ticket
+
+    def _pending_at(self, now: float) -> bool:
+        # Whether OriginGuard.wait_before could ask for a wait: a running pause, a
+        # pacer for the origin, or a delay episode the general path has to close.
+        guard = self.guard
+        until = self.pauses.get(guard.origin)
+        return (
+            (until is not None and until > now)
+            or guard.origin in self.paced
+            or guard._episode is not None
+        )
+
+    def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
+        """The attempt entered at ``started`` ended: slot back, outcome recorded."""
+        free = self._free
+        if free is not None:  # Bulkhead.release(), its lock-free case inline
+            free.append(None)
+            if self._waiters:
+                self.bulkhead._hand_out_locked()
+        core = self.core
+        if core is None:
+            return
+        # CircuitBreaker.settle(), its lock-free case inline: a success that cannot
+        # change the state is queued (no slow_call here: see quick_guard()).
+        now = self._monotonic()
+        pending = self._pending
+        if (
+            failure
+            or now >= core.quiet_until
+            or ticket is not core.closed_admission
+            or len(pending) >= _BATCH_LESS_ONE
+        ):
+            self.breaker.settle(ticket, started, now, failure)
+        else:
+            pending.append(1)
+
+    def abandon(self) -> None:
+        """The attempt never ended (cancelled, interrupted): its slot goes back.
+
+        A closed admission holds nothing to give back (only probes do).
+        """
+        if self.bulkhead is not None:
+            self.bulkhead.release()
+
+
+# Queued counts are counted under the lock at _BATCH (the breaker's and the
+# budget's); the inline cases leave the batch's last one to the object's method.
+_BATCH_LESS_ONE = _BATCH - 1
