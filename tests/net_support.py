@@ -6,6 +6,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import pytest
@@ -43,12 +44,29 @@ def listening(port: int) -> bool:
         return False
 
 
+class PortTaken(Exception):
+    """The process could not bind: another process took the free port first."""
+
+
 def wait_started(
-    probe: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout: float = 20
+    probe: Callable[[], bool],
+    proc: subprocess.Popen[bytes],
+    what: str,
+    timeout: float = 20,
+    *,
+    log: Path | None = None,
 ) -> None:
-    """Poll ``probe`` until it is true; fail the test if ``proc`` exits or time runs out."""
+    """Poll ``probe`` until it is true; fail the test if ``proc`` exits or time runs out.
+
+    With ``log`` (the process's output file) the failure quotes its tail, and a
+    process that exited because its port was taken raises :class:`PortTaken`, so
+    the caller can start it again on fresh ports.
+    """
     deadline = time.monotonic() + timeout
     while not probe():
         if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{what} did not start (exit {proc.poll()})")
+            output = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            if proc.poll() is not None and "address already in use" in output.lower():
+                raise PortTaken(what)
+            pytest.fail(f"{what} did not start (exit {proc.poll()})\n{output}")
         time.sleep(POLL_INTERVAL)

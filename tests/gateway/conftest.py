@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from net_support import free_port, listening, wait_started
+from net_support import PortTaken, free_port, listening, wait_started
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
@@ -94,7 +94,11 @@ class Gateway:
         env = {**os.environ, "PYTHONPATH": str(SRC)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-        wait_started(lambda: self.admin_ok() and listening(self.http_port), self.proc, "gateway")
+        wait_started(self.serving, self.proc, "gateway", log=self.log)
+
+    def serving(self) -> bool:
+        """The admin endpoint answers and the HTTP listener accepts."""
+        return self.admin_ok() and listening(self.http_port)
 
     def admin_ok(self) -> bool:
         try:
@@ -163,26 +167,36 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     started: list[Gateway] = []
 
     def make(config: dict[str, Any], *, workers: int = 1, start: bool = True) -> Gateway:
-        n = len(started)
-        http_port, admin_port = free_port(), free_port()
-        config = dict(config)
-        config.setdefault(
-            "listen", {"http": f"127.0.0.1:{http_port}", "admin": f"127.0.0.1:{admin_port}"}
-        )
-        config.setdefault("access_log", True)
-        gw = Gateway(
-            tmp_path / f"gateway{n}.yaml",
-            config,
-            http_port,
-            admin_port,
-            workers,
-            log=tmp_path / f"gateway{n}.log",
-        )
-        gw.write(config)
-        started.append(gw)
-        if start:
-            gw.start()
-        return gw
+        given = dict(config)
+        for tries_left in reversed(range(3)):
+            n = len(started)
+            http_port, admin_port = free_port(), free_port()
+            config = dict(given)
+            config.setdefault(
+                "listen", {"http": f"127.0.0.1:{http_port}", "admin": f"127.0.0.1:{admin_port}"}
+            )
+            config.setdefault("access_log", True)
+            gw = Gateway(
+                tmp_path / f"gateway{n}.yaml",
+                config,
+                http_port,
+                admin_port,
+                workers,
+                log=tmp_path / f"gateway{n}.log",
+            )
+            gw.write(config)
+            started.append(gw)
+            if not start:
+                return gw
+            try:
+                gw.start()
+                return gw
+            except PortTaken:
+                # another process took a "free" port between the probe and the bind;
+                # only ports we chose can be chosen again
+                if "listen" in given or not tries_left:
+                    raise
+        raise AssertionError("unreachable")
 
     yield make
     for gw in started:

@@ -100,7 +100,7 @@ def test_fleet_admits_exactly_the_quota(
 
     redis_url = request.getfixturevalue(server)
     assert key_slot(CLIENT_KEY.encode()) != key_slot(GLOBAL_KEY.encode())
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no threads inherited (gRPC, stores)
     barrier, results = ctx.Barrier(PROCESSES * THREADS), ctx.Queue()
     procs = [
         ctx.Process(target=_process, args=(redis_url, key_prefix, barrier, results))

@@ -141,7 +141,7 @@ def test_half_open_callers_in_8_processes(
     with pytest.raises(Boom):
         breaker.call(boom)
     counter = key_prefix + "reached"
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no threads inherited (gRPC, stores)
     barrier = ctx.Barrier(8)
     results = ctx.Queue()
     split = [callers // 8 + (1 if i < callers % 8 else 0) for i in range(8)]
