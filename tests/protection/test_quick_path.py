@@ -11,6 +11,7 @@ import httpx
 import pytest
 from protection_support import run_threads
 
+from net_support import POLL_INTERVAL
 from stormguard import CircuitOpen, RetryPolicy
 from stormguard.client._front import _General
 from stormguard.httpx import RetryTransport
@@ -145,7 +146,7 @@ def test_the_bulkhead_limit_holds_on_the_lock_free_path() -> None:
     assert bulkhead is not None
     deadline = time.monotonic() + 10
     while bulkhead.waiting < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(POLL_INTERVAL)
     assert bulkhead.in_flight == 2 and bulkhead.waiting == 4
     release.set()
     for thread in threads:
@@ -241,7 +242,7 @@ def test_try_acquire_takes_only_a_free_slot_nobody_waits_for() -> None:
     waiter.start()
     deadline = time.monotonic() + 10
     while not bulkhead.waiting and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(POLL_INTERVAL)
     bulkhead.release()  # handed to the queued thread, not left for a newcomer
     waiter.join(10)
     assert not bulkhead.try_acquire() and bulkhead.in_flight == 1
