@@ -42,7 +42,7 @@ def _statuses(*statuses: int) -> Any:
 
 
 def _gate(transport: RetryTransport) -> Any:
-    return transport.open(httpx.URL(ORIGIN), lambda url: str(url), str)[0].gate
+    return transport.lane_of(ORIGIN, httpx.URL(ORIGIN), str).gate
 
 
 def test_default_parts_on_one_clock_get_the_lock_free_gate() -> None:

@@ -130,6 +130,11 @@ class HttpFront:
         raise NotImplementedError
 
     @staticmethod
+    def lower_names(headers: Any) -> list[Any]:
+        """The library's header names, lower-cased as it keeps them."""
+        raise NotImplementedError
+
+    @staticmethod
     def replayable(request: Any) -> bool:
         """Whether the library's request has a body that can be sent again."""
         raise NotImplementedError
@@ -167,34 +172,24 @@ class HttpFront:
         # With every protection off no request needs an origin: one lane for all.
         self.bare_lane = None if self.guards.enabled else self._make_lane("", None)
 
-    def open(
-        self, url: Any, key_of: Callable[[Any], Any], origin_of: Callable[[Any], str]
-    ) -> tuple[Lane, float, Any]:
-        """A request's first attempt to ``url``: its lane, when it starts, and its
-        ticket from the lane's gate (None: the general path makes the attempt).
+    def lane_of(self, key: Any, url: Any, origin_of: Callable[[Any], str]) -> Lane:
+        """The lane of ``url``'s origin, found by ``key`` (a cheap stand-in for the
+        scheme and authority of ``url``, which decide its origin); ``origin_of``
+        computes the origin itself when the lane is made.
 
-        The lane is found by ``key_of(url)``, a cheap stand-in for the scheme and
-        authority of ``url`` (which decide its origin); ``origin_of`` computes the
-        origin itself when the lane is made. A lane holds the guard the registry
-        handed out and is used while the registry's ``generation`` is unchanged:
-        an eviction or a ``reset()`` (also ``reset_process_guards()``) makes every
-        lane ask the registry again at its next request. Every ``_TOUCH_EVERY``
-        requests a lane also asks the registry for its guard, which marks the
-        origin recently used for eviction.
+        A lane holds the guard the registry handed out and is used while the
+        registry's ``generation`` is unchanged: an eviction or a ``reset()`` (also
+        ``reset_process_guards()``) makes every lane ask the registry again at its
+        next request. Every ``_TOUCH_EVERY`` requests a lane also asks the registry
+        for its guard, which marks the origin recently used for eviction. The
+        adapters' success paths inline this look-up (see client/_httpx.py) and
+        call here only when it is due.
         """
-        lane = self.bare_lane
-        if lane is None:
-            key = key_of(url)
-            lane = self._lanes.get(key)
-            if lane is None or lane.generation != self.guards.generation:
-                lane = self._new_lane(key, url, origin_of)
-            else:
-                lane.uses += 1
-                if lane.uses >= _TOUCH_EVERY:
-                    lane = self._new_lane(key, url, origin_of)
-        started = self.monotonic()
-        gate = lane.gate
-        return lane, started, (True if gate is None else gate.enter(started))
+        lane = self._lanes.get(key)
+        if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
+            return self._new_lane(key, url, origin_of)
+        lane.touch_in -= 1
+        return lane
 
     def plain(self, lane: Lane, response: Any) -> bool:
         """Whether ``response`` ends the call as it is, with nothing for the guard
@@ -203,16 +198,13 @@ class HttpFront:
             lane.observes and self.names_quota(response.headers)
         )
 
-    def passes(self, lane: Lane, ticket: Any, started: float, response: Any) -> bool:
-        """:meth:`plain` for the result of a first attempt on the gate (a response
-        or an error); the gate is settled when it passes."""
-        if isinstance(response, BaseException) or response.status_code >= 400:
+    def quota_free(self, headers: Any, plain_names: set[Any]) -> bool:
+        """Whether no header name of a success names a quota, the slow way (a name
+        missing from ``plain_names``); the names are then added to it."""
+        if self.names_quota(headers):
             return False
-        if lane.observes and self.names_quota(response.headers):
-            return False
-        gate = lane.gate
-        if gate is not None:
-            gate.settle(ticket, started)
+        if len(plain_names) < _MAX_PLAIN_NAMES:
+            plain_names.update(self.lower_names(headers))
         return True
 
     @staticmethod
@@ -235,7 +227,7 @@ class HttpFront:
                 lanes.clear()
             lane = lanes[key] = self._make_lane(origin, guard)
         lane.generation = generation
-        lane.uses = 0
+        lane.touch_in = _TOUCH_EVERY - 1  # requests until the registry is asked again
         return lane
 
     def _make_lane(self, origin: str, guard: OriginGuard | None) -> Lane:
@@ -280,7 +272,7 @@ class Lane:
         "paced",
         "policy",
         "protected",
-        "uses",
+        "touch_in",
     )
 
     def __init__(
@@ -294,7 +286,7 @@ class Lane:
     ) -> None:
         self.origin = origin
         self.generation = -1
-        self.uses = 0
+        self.touch_in = 0
         self.guard = guard
         self.policy = policy = policy if guard is None else guard.policy(policy)
         self.breaker = policy.breaker
@@ -348,6 +340,16 @@ _UNSEEN = object()
 
 _MAX_LANES = 1024
 _TOUCH_EVERY = 256
+
+# Pacing reads the quota headers of every response, so each success's header names
+# are looked at. A name's verdict never changes (a rate-limit name holds
+# "ratelimit" or "rate-limit", see core/_ratelimit_headers.py), so the names
+# found plain are kept in a set per library (bytes for httpx, str for requests),
+# and a success whose every name is there is settled by one C-level
+# `set.issuperset` instead of a scan. The set is process-wide and bounded: past
+# _MAX_PLAIN_NAMES names (a server inventing names) new ones are scanned on every
+# response, as before, and never kept.
+_MAX_PLAIN_NAMES = 1024
 
 
 class HttpCall:

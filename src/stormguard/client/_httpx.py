@@ -234,13 +234,21 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         return pairs
 
     @staticmethod
+    def lower_names(headers: Any) -> list[bytes]:
+        """httpx ``headers``' names, lower-cased (as httpx keeps them beside the raw ones)."""
+        try:
+            return list(map(_LOWER_NAME, headers._list))
+        except AttributeError:
+            return [name.lower() for name, _ in headers.raw]
+
+    @staticmethod
     def names_quota(headers: Any) -> bool:
         """Whether a rate-limit header is among httpx ``headers`` (raw names, one pass)."""
-        try:  # httpx keeps each name lower-cased beside the raw one
-            names = b" ".join(map(_LOWER_NAME, headers._list))
-        except AttributeError:
-            names = b" ".join([name for name, _ in headers.raw]).lower()
-        return b"rate" in names and (b"ratelimit" in names or b"rate-limit" in names)
+        names = b" ".join(RetryTransport.lower_names(headers))
+        # (bytes.find: `in` on bytes first tries the needle as an int, and fails)
+        return names.find(b"rate") >= 0 and (
+            names.find(b"ratelimit") >= 0 or names.find(b"rate-limit") >= 0
+        )
 
     def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
         request = call.request
@@ -306,9 +314,28 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             return call.error(_failure_kind(result), result)
         return await self._aoutcome(call, result)
 
+    # The success path, written out in each of the two methods below (and in
+    # RetryAdapter.send): a Python call costs about as much as everything a plain
+    # success needs, so the lane look-up (HttpFront.lane_of), the gate and the
+    # quota-name check are inlined rather than shared through helpers.
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
-        lane, started, ticket = self.open(request.url, _origin_key, _origin)
+        lane = self.bare_lane
+        if lane is None:  # HttpFront.lane_of(), inline
+            url = request.url
+            try:
+                key = url._uri_reference[:4]  # scheme, userinfo, host, port
+            except AttributeError:  # an httpx without it: the origin is its own key
+                key = _origin(url)
+            lane = self._lanes.get(key)
+            if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
+                lane = self._new_lane(key, url, _origin)
+            else:
+                lane.touch_in -= 1
+        started = self.monotonic()
+        gate = lane.gate
+        ticket = True if gate is None else gate.enter(started)
         if ticket is None:
             call = self._call(request, lane, started)
             return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
@@ -318,25 +345,38 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             response: Any = inner.handle_request(request)
         except BaseException as exc:
             response = self.broken(lane, exc)
-        if self.passes(lane, ticket, started, response):
-            return response  # type: ignore[no-any-return]
-        return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
-
-    def _resume(
-        self,
-        request: httpx.Request,
-        lane: Lane,
-        started: float,
-        ticket: Any,
-        response: Any,
-        inner: httpx.BaseTransport,
-    ) -> Any:
+        else:
+            if response.status_code < 400:
+                try:  # httpx keeps (raw name, lower-cased name, value) triples
+                    plain = not lane.observes or _PLAIN_NAMES.issuperset(
+                        map(_LOWER_NAME, response.headers._list)
+                    )
+                except AttributeError:  # an httpx that does not: scanned each time
+                    plain = False
+                if plain or self.quota_free(response.headers, _PLAIN_NAMES):
+                    if gate is not None:
+                        gate.settle(ticket, started)
+                    return response  # type: ignore[no-any-return]
         call = self._call(request, lane, started)
-        return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))
+        return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))  # type: ignore[no-any-return]
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._async_inner or self._async()
-        lane, started, ticket = self.open(request.url, _origin_key, _origin)
+        lane = self.bare_lane
+        if lane is None:  # as in handle_request
+            url = request.url
+            try:
+                key = url._uri_reference[:4]
+            except AttributeError:
+                key = _origin(url)
+            lane = self._lanes.get(key)
+            if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
+                lane = self._new_lane(key, url, _origin)
+            else:
+                lane.touch_in -= 1
+        started = self.monotonic()
+        gate = lane.gate
+        ticket = True if gate is None else gate.enter(started)
         if ticket is None:
             call = self._call(request, lane, started)
             return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
@@ -346,11 +386,23 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             response: Any = await inner.handle_async_request(request)
         except BaseException as exc:
             response = self.broken(lane, exc)
-        if self.passes(lane, ticket, started, response):
-            return response  # type: ignore[no-any-return]
+        else:
+            if response.status_code < 400:
+                try:  # httpx keeps (raw name, lower-cased name, value) triples
+                    plain = not lane.observes or _PLAIN_NAMES.issuperset(
+                        map(_LOWER_NAME, response.headers._list)
+                    )
+                except AttributeError:  # an httpx that does not: scanned each time
+                    plain = False
+                if plain or self.quota_free(response.headers, _PLAIN_NAMES):
+                    if gate is not None:
+                        gate.settle(ticket, started)
+                    return response  # type: ignore[no-any-return]
         call = self._call(request, lane, started)
         first = lambda: self._afirst(call, response)  # noqa: E731
         return await aresume(call, ticket, first, self._asend(call, inner))  # type: ignore[no-any-return]
 
 
 _LOWER_NAME = operator.itemgetter(1)
+# The lower-cased header names found in no quota (see client/_front.py).
+_PLAIN_NAMES: set[bytes] = set()

@@ -92,12 +92,17 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         return list(headers.items())
 
     @staticmethod
+    def lower_names(headers: Any) -> list[str]:
+        """requests ``headers``' names, lower-cased."""
+        try:  # a CaseInsensitiveDict keeps its names lower-cased as its keys
+            return list(headers._store)
+        except AttributeError:
+            return [name.lower() for name in headers]
+
+    @staticmethod
     def names_quota(headers: Any) -> bool:
         """Whether a rate-limit header is among requests ``headers`` (one pass)."""
-        try:  # a CaseInsensitiveDict keeps its names lower-cased as its keys
-            names = " ".join(headers._store)
-        except AttributeError:
-            names = " ".join(headers).lower()
+        names = " ".join(RetryAdapter.lower_names(headers))
         return "rate" in names and ("ratelimit" in names or "rate-limit" in names)
 
     @staticmethod
@@ -115,24 +120,47 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        # As RetryTransport.handle_request: the lane's gate first, the general path
-        # of client/_front.py for anything but a plain success.
-        lane, started, ticket = self.open(request.url or "", _origin_key, origin_of)
-        options = (stream, timeout, verify, cert, proxies)
+        # As RetryTransport.handle_request (written out there too): the lane's gate
+        # first, the general path of client/_front.py for anything but a plain success.
+        lane = self.bare_lane
+        if lane is None:  # HttpFront.lane_of(), inline
+            url = request.url or ""
+            # Everything up to the first "/" after the scheme holds the scheme and
+            # the whole authority (requests' prepared URLs always have a path).
+            end = url.find("/", url.find("://") + 3)
+            key = url if end < 0 else url[:end]
+            lane = self._lanes.get(key)
+            if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
+                lane = self._new_lane(key, url, origin_of)
+            else:
+                lane.touch_in -= 1
+        started = self.monotonic()
+        gate = lane.gate
+        ticket = True if gate is None else gate.enter(started)
         if ticket is None:
+            options = (stream, timeout, verify, cert, proxies)
             call = self._call(request, lane, started)
             return first_attempt(call, with_bulkhead(call, self._send(call, options)))  # type: ignore[no-any-return]
+        given = timeout
         if timeout != lane.fitting:  # else: found within the deadline before
-            capped = _cap_timeout(timeout, lane.deadline)
-            if capped == timeout:
-                lane.fitting = timeout
-            timeout = capped
+            timeout = _cap_timeout(timeout, lane.deadline)
+            if timeout == given:
+                lane.fitting = given
         try:
             response: Any = super().send(request, stream, timeout, verify, cert, proxies)  # type: ignore[arg-type]
         except BaseException as exc:
             response = self.broken(lane, exc)
-        if self.passes(lane, ticket, started, response):
-            return response  # type: ignore[no-any-return]
+        else:
+            if response.status_code < 400:
+                try:  # a CaseInsensitiveDict keeps its names lower-cased as its keys
+                    plain = not lane.observes or _PLAIN_NAMES.issuperset(response.headers._store)
+                except AttributeError:  # headers of another kind
+                    plain = False
+                if plain or self.quota_free(response.headers, _PLAIN_NAMES):
+                    if gate is not None:
+                        gate.settle(ticket, started)
+                    return response  # type: ignore[no-any-return]
+        options = (stream, given, verify, cert, proxies)
         return self._resume(request, lane, started, ticket, response, options)
 
     def _resume(
@@ -185,11 +213,8 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         return call.observed(response, status, response.headers, body)
 
 
-def _origin_key(url: str) -> str:
-    # Everything up to the first "/" after the scheme holds the scheme and the whole
-    # authority (requests' prepared URLs always have a path), so it decides the origin.
-    end = url.find("/", url.find("://") + 3)
-    return url if end < 0 else url[:end]
+# The lower-cased header names found in no quota (see client/_front.py).
+_PLAIN_NAMES: set[str] = set()
 
 
 def _cap_timeout(
