@@ -272,6 +272,7 @@ class Lane:
         "paced",
         "policy",
         "protected",
+        "quick",
         "touch_in",
     )
 
@@ -303,6 +304,8 @@ class Lane:
         # Anything to do before the send at all (count, pace, admit)?
         self.protected = self.paced or self.breaker is not None or self.budget is not None
         self.gate: QuickGuard | _General | None = _GENERAL
+        # The gate when it is the lock-free one (its success settled inline).
+        self.quick: QuickGuard | None = None
         if general:
             return
         if guard is None:
@@ -310,7 +313,8 @@ class Lane:
                 self.gate = None
         elif policy.breaker is guard.breaker and policy.budget is guard.budget:
             # (a policy's own breaker or budget is taken by the general path)
-            self.gate = quick_guard(guard, monotonic) or _GENERAL
+            self.quick = quick_guard(guard, monotonic)
+            self.gate = self.quick or _GENERAL
 
     def abandon(self) -> None:
         """A first attempt on the gate never ended (cancelled): the gate's take goes back."""

@@ -14,6 +14,7 @@ import httpx
 
 from ..core._engine import Outcome
 from ..core._outcome import Failure
+from ..protection._quick import _BATCH_LESS_ONE
 from ._front import (
     FrontOptions,
     HttpCall,
@@ -347,15 +348,36 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             response = self.broken(lane, exc)
         else:
             if response.status_code < 400:
-                try:  # httpx keeps (raw name, lower-cased name, value) triples
-                    plain = not lane.observes or _PLAIN_NAMES.issuperset(
-                        map(_LOWER_NAME, response.headers._list)
-                    )
-                except AttributeError:  # an httpx that does not: scanned each time
-                    plain = False
-                if plain or self.quota_free(response.headers, _PLAIN_NAMES):
-                    if gate is not None:
-                        gate.settle(ticket, started)
+                plain = True
+                if lane.observes:
+                    try:  # httpx keeps (raw name, lower-cased name, value) triples
+                        for _, name, _ in response.headers._list:
+                            if name not in _PLAIN_NAMES:
+                                plain = False
+                                break
+                    except AttributeError:  # an httpx that does not: scanned each time
+                        plain = False
+                    plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
+                if plain:
+                    quick = lane.quick
+                    if quick is not None:  # QuickGuard.settle(ticket, started), inline
+                        free = quick.free
+                        if free is not None:
+                            free.append(None)
+                            if quick.waiters:
+                                quick.hand_out()
+                        core = quick.core
+                        if core is not None:
+                            now = quick.monotonic()
+                            pending = quick.pending
+                            if (
+                                now < core.quiet_until
+                                and ticket is core.closed_admission
+                                and len(pending) < _BATCH_LESS_ONE
+                            ):
+                                pending.append(1)
+                            else:
+                                quick.record(ticket, started, now)
                     return response  # type: ignore[no-any-return]
         call = self._call(request, lane, started)
         return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))  # type: ignore[no-any-return]
@@ -388,15 +410,36 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             response = self.broken(lane, exc)
         else:
             if response.status_code < 400:
-                try:  # httpx keeps (raw name, lower-cased name, value) triples
-                    plain = not lane.observes or _PLAIN_NAMES.issuperset(
-                        map(_LOWER_NAME, response.headers._list)
-                    )
-                except AttributeError:  # an httpx that does not: scanned each time
-                    plain = False
-                if plain or self.quota_free(response.headers, _PLAIN_NAMES):
-                    if gate is not None:
-                        gate.settle(ticket, started)
+                plain = True
+                if lane.observes:
+                    try:  # as in handle_request
+                        for _, name, _ in response.headers._list:
+                            if name not in _PLAIN_NAMES:
+                                plain = False
+                                break
+                    except AttributeError:
+                        plain = False
+                    plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
+                if plain:
+                    quick = lane.quick
+                    if quick is not None:  # as in handle_request
+                        free = quick.free
+                        if free is not None:
+                            free.append(None)
+                            if quick.waiters:
+                                quick.hand_out()
+                        core = quick.core
+                        if core is not None:
+                            now = quick.monotonic()
+                            pending = quick.pending
+                            if (
+                                now < core.quiet_until
+                                and ticket is core.closed_admission
+                                and len(pending) < _BATCH_LESS_ONE
+                            ):
+                                pending.append(1)
+                            else:
+                                quick.record(ticket, started, now)
                     return response  # type: ignore[no-any-return]
         call = self._call(request, lane, started)
         first = lambda: self._afirst(call, response)  # noqa: E731

@@ -66,27 +66,35 @@ class QuickGuard:
     made; None when the general path must decide (nothing was taken). After the
     attempt, ``settle(ticket, started, failure)`` gives the slot back and records
     the outcome; ``abandon()`` ends an attempt that never ended (cancelled).
+
+    RetryTransport's two success paths write ``settle()``'s success case out
+    inline (client/_httpx.py: a call costs as much as the settling), on the
+    attributes below; ``hand_out()`` and ``record()`` are its slow branches.
     """
 
     # The parts' own lists and maps, read directly: each method is one frame.
     breaker: Any
     budget: Any
     bulkhead: Any
+    core: Any
+    free: Any
+    pending: Any
+    waiters: Any
 
     __slots__ = (
         "_deposits",
-        "_free",
-        "_monotonic",
-        "_pending",
         "_ring",
-        "_waiters",
         "breaker",
         "budget",
         "bulkhead",
         "core",
+        "free",
         "guard",
+        "monotonic",
         "paced",
         "pauses",
+        "pending",
+        "waiters",
     )
 
     def __init__(self, guard: OriginGuard) -> None:
@@ -96,13 +104,16 @@ class QuickGuard:
         self.budget = budget
         self.bulkhead = bulkhead
         nothing: Any = None
+        # The breaker's closed admission and quiet_until, and its queue of
+        # lock-free successes (with the clock it reads them on).
         self.core = nothing if breaker is None else breaker._core
-        self._pending = nothing if breaker is None else breaker._pending
-        self._monotonic = nothing if breaker is None else breaker._monotonic
+        self.pending = nothing if breaker is None else breaker._pending
+        self.monotonic: Callable[[], float] = nothing if breaker is None else breaker._monotonic
         self._ring = nothing if budget is None else budget._core.ring
         self._deposits = nothing if budget is None else budget._deposits
-        self._free = nothing if bulkhead is None else bulkhead._free
-        self._waiters = nothing if bulkhead is None else bulkhead._waiters
+        # The bulkhead's free tokens and its queue of waiters.
+        self.free = nothing if bulkhead is None else bulkhead._free
+        self.waiters = nothing if bulkhead is None else bulkhead._waiters
         # Empty maps (no pause, no pacing anywhere) say "nothing pending" at one look.
         self.pauses = {} if guard._cooldown is None else guard._cooldown._pauses
         self.paced = {} if guard._pacer is None else guard._pacer._origins
@@ -117,9 +128,9 @@ class QuickGuard:
             ticket = core.closed_admission
             if ticket is None:
                 return None
-        free = self._free
+        free = self.free
         if free is not None:  # Bulkhead.try_acquire(), inline
-            if self._waiters:
+            if self.waiters:
                 return None
             try:
                 free.pop()
@@ -147,27 +158,36 @@ class QuickGuard:
 
     def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
         """The attempt entered at ``started`` ended: slot back, outcome recorded."""
-        free = self._free
+        free = self.free
         if free is not None:  # Bulkhead.release(), its lock-free case inline
             free.append(None)
-            if self._waiters:
-                self.bulkhead._hand_out_locked()
+            if self.waiters:
+                self.hand_out()
         core = self.core
         if core is None:
             return
         # CircuitBreaker.settle(), its lock-free case inline: a success that cannot
         # change the state is queued (no slow_call here: see quick_guard()).
-        now = self._monotonic()
-        pending = self._pending
+        now = self.monotonic()
+        pending = self.pending
         if (
-            failure
-            or now >= core.quiet_until
-            or ticket is not core.closed_admission
-            or len(pending) >= _BATCH_LESS_ONE
+            not failure
+            and now < core.quiet_until
+            and ticket is core.closed_admission
+            and len(pending) < _BATCH_LESS_ONE
         ):
-            self.breaker.settle(ticket, started, now, failure)
-        else:
             pending.append(1)
+        else:
+            self.record(ticket, started, now, failure)
+
+    def hand_out(self) -> None:
+        """A slot given back while callers wait for one: the first in line gets it."""
+        self.bulkhead._hand_out_locked()
+
+    def record(self, ticket: Any, started: float, now: float, failure: bool = False) -> None:
+        """The outcome of an attempt admitted with ``ticket``, by the breaker's own
+        method (the queue is full, or the outcome may change the state)."""
+        self.breaker.settle(ticket, started, now, failure)
 
     def abandon(self) -> None:
         """The attempt never ended (cancelled, interrupted): its slot goes back.
