@@ -335,8 +335,33 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             else:
                 lane.touch_in -= 1
         started = self.monotonic()
-        gate = lane.gate
-        ticket = True if gate is None else gate.enter(started)
+        quick = lane.quick
+        if quick is None:
+            ticket: Any = True if lane.gate is None else None  # (a general gate: None)
+        else:  # QuickGuard.enter(started), inline
+            core = quick.core
+            ticket = True if core is None else core.closed_admission
+            if ticket is not None and (
+                (quick.pauses or quick.paced or quick.guard._episode is not None)
+                and quick.pending_at(started)
+            ):
+                ticket = None
+            free = quick.free
+            if ticket is not None and free is not None:
+                if quick.waiters:
+                    ticket = None
+                else:
+                    try:
+                        free.pop()
+                    except IndexError:
+                        ticket = None
+            ring = quick.ring
+            if ticket is not None and ring is not None:
+                deposits = quick.deposits
+                if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
+                    deposits.append(1)
+                else:
+                    quick.deposit(started)
         if ticket is None:
             call = self._call(request, lane, started)
             return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
@@ -359,7 +384,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                         plain = False
                     plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
                 if plain:
-                    quick = lane.quick
                     if quick is not None:  # QuickGuard.settle(ticket, started), inline
                         free = quick.free
                         if free is not None:
@@ -397,8 +421,33 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             else:
                 lane.touch_in -= 1
         started = self.monotonic()
-        gate = lane.gate
-        ticket = True if gate is None else gate.enter(started)
+        quick = lane.quick
+        if quick is None:
+            ticket: Any = True if lane.gate is None else None  # (a general gate: None)
+        else:  # QuickGuard.enter(started), inline
+            core = quick.core
+            ticket = True if core is None else core.closed_admission
+            if ticket is not None and (
+                (quick.pauses or quick.paced or quick.guard._episode is not None)
+                and quick.pending_at(started)
+            ):
+                ticket = None
+            free = quick.free
+            if ticket is not None and free is not None:
+                if quick.waiters:
+                    ticket = None
+                else:
+                    try:
+                        free.pop()
+                    except IndexError:
+                        ticket = None
+            ring = quick.ring
+            if ticket is not None and ring is not None:
+                deposits = quick.deposits
+                if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
+                    deposits.append(1)
+                else:
+                    quick.deposit(started)
         if ticket is None:
             call = self._call(request, lane, started)
             return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
@@ -421,7 +470,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                         plain = False
                     plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
                 if plain:
-                    quick = lane.quick
                     if quick is not None:  # as in handle_request
                         free = quick.free
                         if free is not None:

@@ -77,23 +77,25 @@ class QuickGuard:
     budget: Any
     bulkhead: Any
     core: Any
+    deposits: Any
     free: Any
     pending: Any
+    ring: Any
     waiters: Any
 
     __slots__ = (
-        "_deposits",
-        "_ring",
         "breaker",
         "budget",
         "bulkhead",
         "core",
+        "deposits",
         "free",
         "guard",
         "monotonic",
         "paced",
         "pauses",
         "pending",
+        "ring",
         "waiters",
     )
 
@@ -109,8 +111,8 @@ class QuickGuard:
         self.core = nothing if breaker is None else breaker._core
         self.pending = nothing if breaker is None else breaker._pending
         self.monotonic: Callable[[], float] = nothing if breaker is None else breaker._monotonic
-        self._ring = nothing if budget is None else budget._core.ring
-        self._deposits = nothing if budget is None else budget._deposits
+        self.ring = nothing if budget is None else budget._core.ring
+        self.deposits = nothing if budget is None else budget._deposits
         # The bulkhead's free tokens and its queue of waiters.
         self.free = nothing if bulkhead is None else bulkhead._free
         self.waiters = nothing if bulkhead is None else bulkhead._waiters
@@ -120,7 +122,7 @@ class QuickGuard:
 
     def enter(self, now: float) -> Any:
         """Take the first attempt's protection at ``now``; a ticket, or None."""
-        if (self.pauses or self.paced or self.guard._episode is not None) and self._pending_at(now):
+        if (self.pauses or self.paced or self.guard._episode is not None) and self.pending_at(now):
             return None
         ticket: Any = True
         core = self.core
@@ -136,16 +138,16 @@ class QuickGuard:
                 free.pop()
             except IndexError:
                 return None
-        ring = self._ring
+        ring = self.ring
         if ring is not None:  # RetryBudget.deposit(now), its lock-free case inline
-            deposits = self._deposits
+            deposits = self.deposits
             if now < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
                 deposits.append(1)
             else:
-                self.budget.deposit(now)
+                self.deposit(now)
         return ticket
 
-    def _pending_at(self, now: float) -> bool:
+    def pending_at(self, now: float) -> bool:
         # Whether OriginGuard.wait_before could ask for a wait: a running pause, a
         # pacer for the origin, or a delay episode the general path has to close.
         guard = self.guard
@@ -179,6 +181,11 @@ class QuickGuard:
             pending.append(1)
         else:
             self.record(ticket, started, now, failure)
+
+    def deposit(self, now: float) -> None:
+        """The budget's count of a first attempt, by its own method (the queue is
+        full, or ``now`` is past the newest bucket)."""
+        self.budget.deposit(now)
 
     def hand_out(self) -> None:
         """A slot given back while callers wait for one: the first in line gets it."""
