@@ -304,7 +304,8 @@ class Lane:
         # Anything to do before the send at all (count, pace, admit)?
         self.protected = self.paced or self.breaker is not None or self.budget is not None
         self.gate: QuickGuard | _General | None = _GENERAL
-        # The gate when it is the lock-free one (its success settled inline).
+        # The gate when it is the lock-free one with every part (written out inline
+        # on RetryTransport's success paths).
         self.quick: QuickGuard | None = None
         if general:
             return
@@ -313,8 +314,10 @@ class Lane:
                 self.gate = None
         elif policy.breaker is guard.breaker and policy.budget is guard.budget:
             # (a policy's own breaker or budget is taken by the general path)
-            self.quick = quick_guard(guard, monotonic)
-            self.gate = self.quick or _GENERAL
+            quick = quick_guard(guard, monotonic)
+            self.gate = quick or _GENERAL
+            if quick is not None and quick.parts:
+                self.quick = quick
 
     def abandon(self) -> None:
         """A first attempt on the gate never ended (cancelled): the gate's take goes back."""

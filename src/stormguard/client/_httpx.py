@@ -326,7 +326,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         if lane is None:  # HttpFront.lane_of(), inline
             url = request.url
             try:
-                key = url._uri_reference[:4]  # scheme, userinfo, host, port
+                key: Any = url._uri_reference[:4]  # scheme, userinfo, host, port
             except AttributeError:  # an httpx without it: the origin is its own key
                 key = _origin(url)
             lane = self._lanes.get(key)
@@ -335,33 +335,31 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             else:
                 lane.touch_in -= 1
         started = self.monotonic()
-        quick = lane.quick
+        gate, quick = lane.gate, lane.quick
         if quick is None:
-            ticket: Any = True if lane.gate is None else None  # (a general gate: None)
-        else:  # QuickGuard.enter(started), inline
-            core = quick.core
-            ticket = True if core is None else core.closed_admission
-            if ticket is not None and (
-                (quick.pauses or quick.paced or quick.guard._episode is not None)
-                and quick.pending_at(started)
+            ticket: Any = True if gate is None else gate.enter(started)
+        else:  # QuickGuard.enter(started) of a gate with every part, inline
+            core, free, waiters, ring, deposits, pending = quick.parts
+            ticket = core.closed_admission
+            if (
+                ticket is None
+                or waiters
+                or (
+                    (quick.pauses or quick.paced or quick.guard._episode is not None)
+                    and quick.pending_at(started)
+                )
             ):
                 ticket = None
-            free = quick.free
-            if ticket is not None and free is not None:
-                if quick.waiters:
+            else:
+                try:
+                    free.pop()
+                except IndexError:
                     ticket = None
                 else:
-                    try:
-                        free.pop()
-                    except IndexError:
-                        ticket = None
-            ring = quick.ring
-            if ticket is not None and ring is not None:
-                deposits = quick.deposits
-                if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
-                    deposits.append(1)
-                else:
-                    quick.deposit(started)
+                    if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
+                        deposits.append(1)
+                    else:
+                        quick.deposit(started)
         if ticket is None:
             call = self._call(request, lane, started)
             return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
@@ -385,26 +383,36 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
                 if plain:
                     if quick is not None:  # QuickGuard.settle(ticket, started), inline
-                        free = quick.free
-                        if free is not None:
-                            free.append(None)
-                            if quick.waiters:
-                                quick.hand_out()
-                        core = quick.core
-                        if core is not None:
-                            now = quick.monotonic()
-                            pending = quick.pending
-                            if (
-                                now < core.quiet_until
-                                and ticket is core.closed_admission
-                                and len(pending) < _BATCH_LESS_ONE
-                            ):
-                                pending.append(1)
-                            else:
-                                quick.record(ticket, started, now)
+                        free.append(None)
+                        if waiters:
+                            quick.hand_out()
+                        now = quick.monotonic()
+                        if (
+                            now < core.quiet_until
+                            and ticket is core.closed_admission
+                            and len(pending) < _BATCH_LESS_ONE
+                        ):
+                            pending.append(1)
+                        else:
+                            quick.record(ticket, started, now)
+                    elif gate is not None:
+                        gate.settle(ticket, started)
                     return response  # type: ignore[no-any-return]
+        return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+
+    def _resume(
+        self,
+        request: httpx.Request,
+        lane: Lane,
+        started: float,
+        ticket: Any,
+        response: Any,
+        inner: httpx.BaseTransport,
+    ) -> Any:
+        # (a function of its own: a closure in handle_request would make each of
+        # its variables a cell, on every request)
         call = self._call(request, lane, started)
-        return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))  # type: ignore[no-any-return]
+        return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._async_inner or self._async()
@@ -412,7 +420,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         if lane is None:  # as in handle_request
             url = request.url
             try:
-                key = url._uri_reference[:4]
+                key: Any = url._uri_reference[:4]
             except AttributeError:
                 key = _origin(url)
             lane = self._lanes.get(key)
@@ -421,33 +429,31 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             else:
                 lane.touch_in -= 1
         started = self.monotonic()
-        quick = lane.quick
+        gate, quick = lane.gate, lane.quick
         if quick is None:
-            ticket: Any = True if lane.gate is None else None  # (a general gate: None)
-        else:  # QuickGuard.enter(started), inline
-            core = quick.core
-            ticket = True if core is None else core.closed_admission
-            if ticket is not None and (
-                (quick.pauses or quick.paced or quick.guard._episode is not None)
-                and quick.pending_at(started)
+            ticket: Any = True if gate is None else gate.enter(started)
+        else:  # QuickGuard.enter(started) of a gate with every part, inline
+            core, free, waiters, ring, deposits, pending = quick.parts
+            ticket = core.closed_admission
+            if (
+                ticket is None
+                or waiters
+                or (
+                    (quick.pauses or quick.paced or quick.guard._episode is not None)
+                    and quick.pending_at(started)
+                )
             ):
                 ticket = None
-            free = quick.free
-            if ticket is not None and free is not None:
-                if quick.waiters:
+            else:
+                try:
+                    free.pop()
+                except IndexError:
                     ticket = None
                 else:
-                    try:
-                        free.pop()
-                    except IndexError:
-                        ticket = None
-            ring = quick.ring
-            if ticket is not None and ring is not None:
-                deposits = quick.deposits
-                if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
-                    deposits.append(1)
-                else:
-                    quick.deposit(started)
+                    if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
+                        deposits.append(1)
+                    else:
+                        quick.deposit(started)
         if ticket is None:
             call = self._call(request, lane, started)
             return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
@@ -470,28 +476,36 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                         plain = False
                     plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
                 if plain:
-                    if quick is not None:  # as in handle_request
-                        free = quick.free
-                        if free is not None:
-                            free.append(None)
-                            if quick.waiters:
-                                quick.hand_out()
-                        core = quick.core
-                        if core is not None:
-                            now = quick.monotonic()
-                            pending = quick.pending
-                            if (
-                                now < core.quiet_until
-                                and ticket is core.closed_admission
-                                and len(pending) < _BATCH_LESS_ONE
-                            ):
-                                pending.append(1)
-                            else:
-                                quick.record(ticket, started, now)
+                    if quick is not None:  # QuickGuard.settle(ticket, started), inline
+                        free.append(None)
+                        if waiters:
+                            quick.hand_out()
+                        now = quick.monotonic()
+                        if (
+                            now < core.quiet_until
+                            and ticket is core.closed_admission
+                            and len(pending) < _BATCH_LESS_ONE
+                        ):
+                            pending.append(1)
+                        else:
+                            quick.record(ticket, started, now)
+                    elif gate is not None:
+                        gate.settle(ticket, started)
                     return response  # type: ignore[no-any-return]
-        call = self._call(request, lane, started)
+        return await self._aresume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+
+    async def _aresume(
+        self,
+        request: httpx.Request,
+        lane: Lane,
+        started: float,
+        ticket: Any,
+        response: Any,
+        inner: httpx.AsyncBaseTransport,
+    ) -> Any:
+        call = self._call(request, lane, started)  # (as _resume)
         first = lambda: self._afirst(call, response)  # noqa: E731
-        return await aresume(call, ticket, first, self._asend(call, inner))  # type: ignore[no-any-return]
+        return await aresume(call, ticket, first, self._asend(call, inner))
 
 
 _LOWER_NAME = operator.itemgetter(1)

@@ -67,9 +67,12 @@ class QuickGuard:
     attempt, ``settle(ticket, started, failure)`` gives the slot back and records
     the outcome; ``abandon()`` ends an attempt that never ended (cancelled).
 
-    RetryTransport's two success paths write ``settle()``'s success case out
-    inline (client/_httpx.py: a call costs as much as the settling), on the
-    attributes below; ``hand_out()`` and ``record()`` are its slow branches.
+    For a gate with every part (``parts``: breaker core, bulkhead free list and
+    waiters, budget ring and deposits, breaker queue), RetryTransport's two
+    success paths write ``enter()`` and ``settle()``'s success case out inline
+    (client/_httpx.py: a call costs as much as the whole gate); ``deposit()``,
+    ``hand_out()`` and ``record()`` are their slow branches, ``pending_at()``
+    their look at pauses and pacing.
     """
 
     # The parts' own lists and maps, read directly: each method is one frame.
@@ -93,6 +96,7 @@ class QuickGuard:
         "guard",
         "monotonic",
         "paced",
+        "parts",
         "pauses",
         "pending",
         "ring",
@@ -116,6 +120,17 @@ class QuickGuard:
         # The bulkhead's free tokens and its queue of waiters.
         self.free = nothing if bulkhead is None else bulkhead._free
         self.waiters = nothing if bulkhead is None else bulkhead._waiters
+        # With every part, the ones a success path reads, for one unpacking.
+        self.parts: tuple[Any, ...] = ()
+        if breaker is not None and budget is not None and bulkhead is not None:
+            self.parts = (
+                self.core,
+                self.free,
+                self.waiters,
+                self.ring,
+                self.deposits,
+                self.pending,
+            )
         # Empty maps (no pause, no pacing anywhere) say "nothing pending" at one look.
         self.pauses = {} if guard._cooldown is None else guard._cooldown._pauses
         self.paced = {} if guard._pacer is None else guard._pacer._origins
