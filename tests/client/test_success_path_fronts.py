@@ -323,8 +323,9 @@ async def test_an_async_slot_given_back_inline_wakes_a_waiting_task() -> None:
         first = asyncio.create_task(client.get(ORIGIN))
         await inside.wait()
         second = asyncio.create_task(client.get(ORIGIN))
-        while not bulkhead.waiting:  # (no event says so: the queue is looked at)
-            await asyncio.sleep(0)  # noqa: ASYNC110
+        # No event says a task is queued: the bulkhead's queue is looked at.
+        while not bulkhead.waiting:  # noqa: ASYNC110
+            await asyncio.sleep(0)
         release.set()
         statuses = [(await first).status_code, (await second).status_code]
     assert statuses == [200, 200] and bulkhead.in_flight == 0 and bulkhead.waiting == 0
