@@ -271,8 +271,10 @@ class Lane:
         "origin",
         "paced",
         "policy",
+        "port",
         "protected",
         "quick",
+        "scheme",
         "touch_in",
     )
 
@@ -288,6 +290,10 @@ class Lane:
         self.origin = origin
         self.generation = -1
         self.touch_in = 0
+        # The origin's scheme and port as the front end's URL parser gives them,
+        # when its look-up by host checks them (httpx's: see RetryTransport).
+        self.scheme: Any = None
+        self.port: Any = None
         self.guard = guard
         self.policy = policy = policy if guard is None else guard.policy(policy)
         self.breaker = policy.breaker

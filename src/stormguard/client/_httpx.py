@@ -16,6 +16,7 @@ from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..protection._quick import _BATCH_LESS_ONE
 from ._front import (
+    _MAX_LANES,
     FrontOptions,
     HttpCall,
     HttpFront,
@@ -173,6 +174,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._sync_inner: httpx.BaseTransport | None = None
         self._async_inner: httpx.AsyncBaseTransport | None = None
         self._configure("RetryTransport", options)
+        # Lanes by host (the lane of each host's first origin; see _lane_by_host).
+        self._hosts: dict[str, Lane] = {}
 
     # -- delegation -------------------------------------------------------------
 
@@ -323,17 +326,24 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
         lane = self.bare_lane
-        if lane is None:  # HttpFront.lane_of(), inline
+        if lane is None:  # HttpFront.lane_of(), inline: by host first
             url = request.url
             try:
-                key: Any = url._uri_reference[:4]  # scheme, userinfo, host, port
-            except AttributeError:  # an httpx without it: the origin is its own key
-                key = _origin(url)
-            lane = self._lanes.get(key)
-            if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
-                lane = self._new_lane(key, url, _origin)
+                ref = url._uri_reference
+            except AttributeError:  # an httpx without it: by origin
+                lane = self.lane_of(_origin(url), url, _origin)
             else:
-                lane.touch_in -= 1
+                lane = self._hosts.get(ref.host)
+                if (
+                    lane is None
+                    or lane.scheme != ref.scheme
+                    or lane.port != ref.port
+                    or lane.generation != self.guards.generation
+                    or lane.touch_in <= 0
+                ):
+                    lane = self._lane_by_host(ref, url)
+                else:
+                    lane.touch_in -= 1
         started = self.monotonic()
         gate, quick = lane.gate, lane.quick
         if quick is None:
@@ -400,6 +410,22 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     return response  # type: ignore[no-any-return]
         return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
 
+    def _lane_by_host(self, ref: Any, url: httpx.URL) -> Lane:
+        # The look-up by every part of the URL that decides the origin (scheme,
+        # user info, host, port: httpx's parse result), when the lane kept for the
+        # host is missing, of another origin on that host, or due to be renewed.
+        # The lane found is kept for the host unless another origin of the host is
+        # (that one keeps the fast look-up; this one always comes here).
+        lane = self.lane_of(ref[:4], url, _origin)
+        hosts, host = self._hosts, ref.host
+        held = hosts.get(host)
+        if held is None or held is lane or (held.scheme, held.port) == (ref.scheme, ref.port):
+            if held is None and len(hosts) >= _MAX_LANES:
+                hosts.clear()
+            lane.scheme, lane.port = ref.scheme, ref.port
+            hosts[host] = lane
+        return lane
+
     def _resume(
         self,
         request: httpx.Request,
@@ -420,14 +446,21 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         if lane is None:  # as in handle_request
             url = request.url
             try:
-                key: Any = url._uri_reference[:4]
+                ref = url._uri_reference
             except AttributeError:
-                key = _origin(url)
-            lane = self._lanes.get(key)
-            if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
-                lane = self._new_lane(key, url, _origin)
+                lane = self.lane_of(_origin(url), url, _origin)
             else:
-                lane.touch_in -= 1
+                lane = self._hosts.get(ref.host)
+                if (
+                    lane is None
+                    or lane.scheme != ref.scheme
+                    or lane.port != ref.port
+                    or lane.generation != self.guards.generation
+                    or lane.touch_in <= 0
+                ):
+                    lane = self._lane_by_host(ref, url)
+                else:
+                    lane.touch_in -= 1
         started = self.monotonic()
         gate, quick = lane.gate, lane.quick
         if quick is None:
