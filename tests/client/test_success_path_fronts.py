@@ -351,3 +351,44 @@ def test_requests_headers_of_another_kind_are_still_read(monkeypatch: pytest.Mon
         for _ in range(4):
             assert session.get(ORIGIN, timeout=10).status_code == 200
     assert clock.sleeps == [pytest.approx(20.0, abs=1.0), pytest.approx(20.0, abs=1.0)]
+
+
+@pytest.mark.parametrize("kind", ["httpx", "httpx-async"])
+def test_origins_sharing_a_host_keep_their_own_guards(kind: str) -> None:
+    """http, https and another port of one host, in turns: each origin's breaker alone."""
+    origins = ["http://api.test", "https://api.test", "http://api.test:8080"]
+    guards = OriginGuards()
+    transport = RetryTransport(
+        httpx.MockTransport(lambda request: httpx.Response(200)), guards=guards
+    )
+
+    def get_all() -> list[Any]:
+        async def aget_all() -> list[Any]:
+            async with httpx.AsyncClient(transport=transport) as client:
+                return [await _status_or_error(client.get(origin + "/x")) for origin in origins]
+
+        if kind == "httpx-async":
+            return asyncio.run(aget_all())
+        with httpx.Client(transport=transport) as client:
+            return [_sync_status_or_error(client, origin + "/x") for origin in origins]
+
+    assert get_all() == [200, 200, 200]
+    for turn, origin in enumerate(origins):
+        guards.get(origin).breaker.force_open()  # type: ignore[union-attr]
+        expected = [CircuitOpen if i <= turn else 200 for i in range(len(origins))]
+        assert get_all() == expected
+        assert get_all() == expected
+
+
+async def _status_or_error(pending: Any) -> Any:
+    try:
+        return (await pending).status_code
+    except CircuitOpen:
+        return CircuitOpen
+
+
+def _sync_status_or_error(client: httpx.Client, url: str) -> Any:
+    try:
+        return client.get(url).status_code
+    except CircuitOpen:
+        return CircuitOpen
