@@ -162,6 +162,23 @@ class RuleSet:
         """Whether the store is a MemoryStore: :meth:`decide` then serves async limiters too."""
         return type(self.store) is MemoryStore
 
+    def refusal(self, view: RequestView, method: str, path: str) -> Decision | None:
+        """:meth:`decide` for a caller that only acts on a refusal: the decision when
+        a limit refused the request, else None (admitted, or no rule applied) --
+        on the plain path without building the admitted decisions at all."""
+        plain = self._plain
+        if plain is not None:
+            limits = []
+            for algorithm, name, key_of in plain:
+                key = key_of(view)
+                if key is None:
+                    break
+                limits.append((algorithm, name, key))
+            else:
+                parts = self.store.hit_many(limits, self._plain_cost, quiet=True)
+                return None if parts is None else _refused(combined(parts))
+        return _refused(self.decide(view, method, path))
+
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Sync twin of :meth:`adecide` (on a MemoryStore, for async limiters too:
         nothing there is ever awaited)."""
@@ -189,3 +206,7 @@ class RuleSet:
             if not decision.allowed:
                 break
         return decisions[0] if len(decisions) == 1 else _flat(decisions)
+
+
+def _refused(decision: Decision | None) -> Decision | None:
+    return None if decision is None or decision.allowed else decision
