@@ -136,6 +136,7 @@ class GatewayProtocol(HttpToolsProtocol):
     _sweep_every = 1.0
     _armed_at = 0.0
     _begun = False  # a request began since the timer was armed
+    _asgi: dict[str, str]  # per connection (connection_made)
     _idle_close = False  # the timer also stands for the keep-alive deadline
 
     # -- the one deadline, checked by a sweep ---------------------------------------------
@@ -179,6 +180,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
         # The app's callback path (Gateway.fast -> _fastpath.begin), if it has one.
         self.fast = getattr(self.app, "fast", None)
         self._arm(keep_alive=False)
@@ -199,12 +201,44 @@ class GatewayProtocol(HttpToolsProtocol):
                 cycle.on_lost = None  # type: ignore[attr-defined]
                 on_lost()
 
+    # The per-request callbacks are uvicorn's, minus calls the gateway never needs:
+    # its keep-alive timer is never armed (the sweep stands for it), and the scope's
+    # "asgi" entry is one dict per connection.
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
     def on_message_begin(self) -> None:
         self._begun = True
-        super().on_message_begin()
+        self.url = b""
+        self.expect_100_continue = False
+        headers: list[tuple[bytes, bytes]] = []
+        self.headers = headers
+        scope: Any = {
+            "type": "http",
+            "asgi": self._asgi,
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+        }
+        self.scope = scope
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._watched.discard(self)  # _disarm()
         parser = self.parser
         scope: Any = self.scope
         scope["method"] = parser.get_method().decode("ascii")
@@ -260,8 +294,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._unset_keepalive_if_required()
-        self.flow.resume_reading()
+        flow = self.flow
+        if flow.read_paused:
+            flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
