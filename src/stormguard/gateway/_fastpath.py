@@ -34,6 +34,10 @@ from ._wire import request_headers, response_head
 __all__ = ["begin"]
 
 _NO_BODY_STATUS = (204, 304)
+# Host header -> the host name routes match (lower-cased, port cut): a few hosts
+# arrive again and again. Bounded: cleared when full.
+_HOSTNAMES: dict[bytes, str] = {}
+_MAX_HOSTNAMES = 1024
 
 
 def _eligible(route: CompiledRoute) -> bool:
@@ -60,9 +64,21 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             host = value
         elif (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
             return None
-    hostname = host.decode("latin-1").rsplit(":", 1)[0].lower() if host else None
+    hostname = None
+    if host:
+        hostname = _HOSTNAMES.get(host)
+        if hostname is None:
+            hostname = host.decode("latin-1").rsplit(":", 1)[0].lower()
+            if len(_HOSTNAMES) >= _MAX_HOSTNAMES:
+                _HOSTNAMES.clear()
+            _HOSTNAMES[host] = hostname
     route = rt.match(scope["path"], method, hostname)
-    if route is None or not _eligible(route):
+    if route is None:
+        return None
+    callback = route.callback
+    if callback is None:  # the route's settings decide it once
+        callback = route.callback = _eligible(route)
+    if not callback:
         return None
     pool = route.upstream
     view = ScopeView(scope)
