@@ -21,6 +21,7 @@ import yaml
 from uvicorn.server import ServerState
 
 from stormguard.gateway._app import Gateway
+from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._config import load_config
 from stormguard.gateway._h1client import _Connection
 from stormguard.gateway._h1server import gateway_protocol
@@ -281,3 +282,36 @@ def test_response_head_renders_defaults_connection_close_and_chunking() -> None:
     )
     own = response_head(503, [(b"Retry-After", b"2")], (), True, False, via=False)
     assert own == b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 2\r\n\r\n"
+
+
+async def test_a_connections_client_is_named_once_when_only_its_address_can_name_it(
+    bench: Any,
+) -> None:
+    """With clients keyed by ip alone, the client of a connection is looked up once;
+    a reload (a new identity) looks it up again."""
+    b = await bench({"pc": {"algorithm": "token_bucket", "rate": 1, "burst": 9, "per": "client"}})
+    assert b.proto.client_known is None
+    b.request(GET)
+    b.answer(OK)
+    identity, rule, key, _ = b.proto.client_known
+    assert identity is b.gateway.runtime.identity and (rule, key) == ("ip", "ip:10.1.2.3")
+    b.proto.client_known = (object(), "ip", "ip:stale", "00000000")  # another configuration's
+    b.request(GET)
+    b.answer(OK)
+    assert b.proto.client_known[2] == "ip:10.1.2.3"
+    store = b.gateway.runtime.store
+    assert [k for k in store._data if "stale" in k] == []  # limits charged the real client
+
+
+@pytest.mark.parametrize(
+    ("rules", "proxies", "once"),
+    [
+        (["ip"], [], True),
+        (["header:x-api-key", "ip"], [], False),  # the header may differ per request
+        (["ip"], ["10.0.0.0/8"], False),  # forwarded addresses may differ per request
+    ],
+)
+def test_only_address_keyed_clients_are_named_per_connection(
+    rules: list[str], proxies: list[str], once: bool
+) -> None:
+    assert ClientIdentity(rules, proxies).per_connection is once

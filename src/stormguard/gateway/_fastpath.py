@@ -82,13 +82,20 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         return None
     pool = route.upstream
     view = ScopeView(scope)
-    rule, key = rt.identity.identify(view)
+    identity = rt.identity
+    known = proto.client_known  # (identity, rule, key, client id) of this connection
+    if known is not None and known[0] is identity:
+        _, rule, key, client = known
+    else:
+        rule, key = identity.identify(view)
+        client = client_id(key)
+        if identity.per_connection:  # the same client on every request of the connection
+            proto.client_known = (identity, rule, key, client)
     turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
         return None
     target, conn = ready
-    client = client_id(key)
     try:
         held = pool.admit_now(client)
     except CircuitOpen:

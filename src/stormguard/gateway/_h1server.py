@@ -136,6 +136,9 @@ class GatewayProtocol(HttpToolsProtocol):
     _sweep_every = 1.0
     _armed_at = 0.0
     _begun = False  # a request began since the timer was armed
+    # The client of every request on this connection, when the identity rules make it
+    # one (_fastpath.begin): (identity, rule, key, client id).
+    client_known: tuple[Any, str, str, str] | None = None
     _asgi: dict[str, str]  # per connection (connection_made)
     _idle_close = False  # the timer also stands for the keep-alive deadline
 

@@ -128,7 +128,8 @@ def response_head(
     when ``chunked`` (any Content-Length is then left out: the body is framed
     here). Names go out lower-cased."""
     parts = [_STATUS_LINES.get(status) or _status_line(status)]
-    _render(parts, default, False)
+    if default:
+        _render(parts, default, False)
     if not via:
         _render(parts, raw, chunked)
     else:
