@@ -33,6 +33,13 @@ from ._wire import DISCONNECT
 __all__ = ["GatewayProtocol", "LeanCycle", "gateway_protocol"]
 
 
+# The common methods' names as the scope has them (decoded once).
+_METHODS = {
+    m.encode("ascii"): m
+    for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT")
+}
+
+
 class LeanCycle(RequestResponseCycle):
     """One request and its answer (uvicorn's cycle with a cheaper ``send``)."""
 
@@ -244,7 +251,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._watched.discard(self)  # _disarm()
         parser = self.parser
         scope: Any = self.scope
-        scope["method"] = parser.get_method().decode("ascii")
+        method = parser.get_method()
+        scope["method"] = _METHODS.get(method) or method.decode("ascii")
         version = parser.get_http_version()
         if version != "1.1":
             scope["http_version"] = version
@@ -255,8 +263,11 @@ class GatewayProtocol(HttpToolsProtocol):
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        root = self.root_path
+        if root:
+            path, raw_path = root + path, root.encode("ascii") + raw_path
+        scope["path"] = path
+        scope["raw_path"] = raw_path
         scope["query_string"] = parsed.query or b""
         existing = self.cycle
         keep_alive = version != "1.0" and parser.should_keep_alive()
