@@ -289,7 +289,12 @@ async def test_a_connections_client_is_named_once_when_only_its_address_can_name
 ) -> None:
     """With clients keyed by ip alone, the client of a connection is looked up once;
     a reload (a new identity) looks it up again."""
-    b = await bench({"pc": {"algorithm": "token_bucket", "rate": 1, "burst": 9, "per": "client"}})
+    b = await bench(
+        {
+            "pc": {"algorithm": "token_bucket", "rate": 1, "burst": 9, "per": "client"},
+            "all": {"algorithm": "sliding_window", "limit": 99, "window": 1, "per": "global"},
+        }
+    )
     assert b.proto.client_known is None
     b.request(GET)
     b.answer(OK)
@@ -301,6 +306,27 @@ async def test_a_connections_client_is_named_once_when_only_its_address_can_name
     assert b.proto.client_known[2] == "ip:10.1.2.3"
     store = b.gateway.runtime.store
     assert [k for k in store._data if "stale" in k] == []  # limits charged the real client
+    rules, limits = b.proto.limits_known  # and its limit keys are kept for the route
+    assert rules is b.gateway.runtime.routes[0].rules
+    assert [key for _, _, key in limits] == ["fn:ip:10.1.2.3", "global"]
+
+
+async def test_kept_limit_keys_still_refuse_at_the_limit(bench: Any) -> None:
+    """Requests after the first decide on the kept keys: the quota still runs out."""
+    b = await bench(
+        {
+            "three": {"algorithm": "fixed_window", "limit": 3, "window": 60},
+            "all": {"algorithm": "token_bucket", "rate": 1, "burst": 99, "per": "global"},
+        }
+    )
+    answers = []
+    for _ in range(5):
+        if b.request(GET):
+            answers.append(b.answer(OK).split(b"\r\n")[0])
+        else:
+            answers.append(b.client.take().split(b"\r\n")[0])
+    assert answers == [b"HTTP/1.1 200 OK"] * 3 + [b"HTTP/1.1 429 Too Many Requests"] * 2
+    assert b.proto.limits_known is not None
 
 
 @pytest.mark.parametrize(

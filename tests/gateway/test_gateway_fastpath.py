@@ -128,7 +128,7 @@ def test_other_requests_go_to_the_asgi_path_untouched(
     runtime = Runtime(parse_config(yaml.safe_dump(CONFIG)), GatewayMetrics())
     pool = runtime.upstreams["a"]
     turn = pool.turn
-    proto = SimpleNamespace(client_known=None)  # the server protocol's part begin() reads
+    proto = SimpleNamespace(client_known=None, limits_known=None)  # what begin() reads of it
     assert begin(runtime, proto, _scope(method, path, headers), True) is None
     assert pool.turn == turn  # round robin: the ASGI path takes this turn
     assert pool.in_flight == 0

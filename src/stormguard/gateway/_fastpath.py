@@ -84,13 +84,15 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     view = ScopeView(scope)
     identity = rt.identity
     known = proto.client_known  # (identity, rule, key, client id) of this connection
-    if known is not None and known[0] is identity:
+    steady = known is not None and known[0] is identity
+    if steady:
         _, rule, key, client = known
     else:
         rule, key = identity.identify(view)
         client = client_id(key)
-        if identity.per_connection:  # the same client on every request of the connection
-            proto.client_known = (identity, rule, key, client)
+        # The same client on every request of the connection, when only its address
+        # can name it: named once.
+        proto.client_known = (identity, rule, key, client) if identity.per_connection else None
     turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
@@ -108,8 +110,21 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     scope[CLIENT_KEY] = key
     exchange = FastExchange(proto, scope, keep_alive, rt, route, pool, held, target, started)
     exchange.client, exchange.rule = client, rule
-    if route.rules is not None:
-        decision = route.rules.refusal(view, method, scope["path"])
+    rules = route.rules
+    if rules is not None:
+        # A connection's one client meets the same limit keys on every request
+        # (a route's limits are per client or global): found once per route.
+        cached = proto.limits_known
+        if steady and cached is not None and cached[0] is rules:
+            decision = rules.refusal_of(cached[1])
+        else:
+            limits = rules.plain_limits(view)
+            if limits is None:
+                decision = rules.refusal(view, method, scope["path"])
+            else:
+                if proto.client_known is not None:  # this client, from now on
+                    proto.limits_known = (rules, limits)
+                decision = rules.refusal_of(limits)
         if decision is not None:
             pool.client.idle(conn)
             pool.turn = turn
