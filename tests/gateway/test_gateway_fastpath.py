@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -127,7 +128,8 @@ def test_other_requests_go_to_the_asgi_path_untouched(
     runtime = Runtime(parse_config(yaml.safe_dump(CONFIG)), GatewayMetrics())
     pool = runtime.upstreams["a"]
     turn = pool.turn
-    assert begin(runtime, None, _scope(method, path, headers), True) is None
+    proto = SimpleNamespace(client_known=None, limits_known=None)  # what begin() reads of it
+    assert begin(runtime, proto, _scope(method, path, headers), True) is None
     assert pool.turn == turn  # round robin: the ASGI path takes this turn
     assert pool.in_flight == 0
     assert runtime.store._data == {}  # no limit was charged

@@ -15,6 +15,7 @@ from net_support import Serve
 from stormguard._errors import ConfigError
 from stormguard.asgi import ConcurrencyMiddleware
 from stormguard.server._admission import Admission
+from stormguard.server._refusal import Refusal
 
 
 class Gated:
@@ -166,6 +167,27 @@ def test_sync_admission_twin() -> None:
     assert refusal is not None and refusal.status == 503
     admission.leave("a")
     assert admission.enter("b") is None and admission.in_flight == 1
+
+
+def test_try_enter_takes_a_free_slot_and_gives_the_share_back_when_full() -> None:
+    """try_enter: True with a slot taken; a full group with max_wait refuses nothing
+    (False: the caller may wait) and without it refuses; the client's share taken on
+    the way is given back either way."""
+    waiting = Admission(1, per_client=2, max_wait=1.0)
+    assert waiting.try_enter("a") is True
+    assert waiting.try_enter("a") is False  # full, but a caller could wait
+    assert waiting.client_in_flight("a") == 1  # the share of the failed try came back
+    waiting.leave("a")
+    assert waiting.in_flight == 0 and waiting.client_in_flight("a") == 0
+    strict = Admission(1, per_client=1)
+    assert strict.try_enter(None) is True
+    refusal = strict.try_enter("b")
+    assert isinstance(refusal, Refusal) and refusal.status == 503
+    assert strict.client_in_flight("b") == 0
+    strict.leave(None)
+    assert strict.try_enter("b") is True and strict.client_in_flight("b") == 1
+    share = strict.try_enter("b")
+    assert isinstance(share, Refusal) and b"share" in share.body
 
 
 def test_abrupt_disconnect_frees_the_slot_under_uvicorn(

@@ -288,3 +288,34 @@ async def test_store_opened_from_a_url_is_closed_at_shutdown(
 
     await app({"type": "lifespan"}, receive, send)
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_refusal_answers_like_decide(plain: bool) -> None:
+    """RuleSet.refusal: None while decide() admits, decide()'s refusal after, on the
+    plain path (every rule for every request) and on the general one (a path rule)."""
+    from stormguard.server._decide import RuleSet
+    from stormguard.server._view import ScopeView
+    from stormguard.stores import MemoryStore
+    from stormguard.testing import FakeClock
+
+    def rules() -> list[Rule]:
+        paths = None if plain else "/"
+        return [
+            Rule(TokenBucket(1, 3), key="ip", name="per-ip", paths=paths),
+            Rule(TokenBucket(1, 5), key="global", name="all"),
+        ]
+
+    clocks = FakeClock(), FakeClock()
+    quiet, loud = (RuleSet(rules(), store=MemoryStore(clock=c), asyncio=False) for c in clocks)
+    assert (quiet._plain is not None) is plain
+    view = ScopeView({"type": "http", "headers": [], "client": ("10.0.0.9", 1)})
+    answers = []
+    for _ in range(5):
+        for clock in clocks:
+            clock.advance(0.1)
+        refusal, decision = quiet.refusal(view, "GET", "/x"), loud.decide(view, "GET", "/x")
+        assert decision is not None
+        assert refusal == (None if decision.allowed else decision)
+        answers.append(refusal is None)
+    assert answers == [True, True, True, False, False]

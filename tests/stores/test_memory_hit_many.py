@@ -78,3 +78,32 @@ async def test_limiters_take_the_memory_path_for_groups() -> None:
     assert not refused.allowed and refused.name == "global"
     sync = [(RateLimiter(TokenBucket(1, 5), store, name="c2"), "a")]
     assert RateLimiter.hit_many(sync).allowed
+
+
+@settings(max_examples=150, deadline=None)
+@given(pairs, traces)
+def test_quiet_hit_many_is_none_exactly_when_all_admitted(pair: tuple, trace: list) -> None:
+    """quiet=True returns None where the decisions would all be admitted, else the
+    same decisions; the stored states stay identical either way."""
+    quiet_clock, loud_clock = FakeClock(), FakeClock()
+    quiet, loud = MemoryStore(clock=quiet_clock), MemoryStore(clock=loud_clock)
+    client, everyone = pair
+    for key, dt, cost in trace:
+        quiet_clock.advance(dt)
+        loud_clock.advance(dt)
+        limits = [(client, "client", key), (everyone, "global", "all")]
+        answer, decisions = quiet.hit_many(limits, cost, quiet=True), loud.hit_many(limits, cost)
+        if all(d.allowed for d in decisions):
+            assert answer is None
+        else:
+            assert answer == decisions
+        peek = [LimitRequest(a, k, n, 0.0) for a, n, k in limits]
+        assert quiet.decide(peek) == loud.decide(peek)
+
+
+def test_quiet_hit_many_still_hands_out_a_lease() -> None:
+    """An admitted group holding a Concurrency lease returns its decisions (the lease)."""
+    store = MemoryStore(clock=FakeClock())
+    limits = [(Concurrency(2, 10.0), "slots", "a"), (TokenBucket(1, 5), "global", "all")]
+    answer = store.hit_many(limits, 1.0, quiet=True)
+    assert answer is not None and answer[0].lease

@@ -312,9 +312,12 @@ class SlidingWindowCounter(_LimitWindow):
                 prev, curr = state[1], state[2]
             elif state[0] == index - 1:
                 prev = state[2]
-        elapsed = min(w, max(0.0, now - index * w))
-        weight = 1.0 - elapsed / w
-        used = prev * weight + curr
+        elapsed = now - index * w
+        if elapsed < 0.0:
+            elapsed = 0.0
+        elif elapsed > w:
+            elapsed = w
+        used = prev * (1.0 - elapsed / w) + curr
         if cost > limit:
             return _denied(state, limit - used, self._reset(prev, curr, elapsed), math.inf)
         if used + cost > limit + EPSILON:
@@ -329,8 +332,10 @@ class SlidingWindowCounter(_LimitWindow):
             reset = self._reset(prev, curr, elapsed)
             return _denied(state, limit - used, reset, max(0.0, retry))
         curr += cost
-        reset = self._reset(prev, curr, elapsed)
-        return (index, prev, curr), True, max(0.0, limit - used - cost), reset, 0.0
+        left = limit - used - cost
+        # _reset(), its common case (this window counts) inline
+        reset = 2 * w - elapsed if curr > 0 else self._reset(prev, curr, elapsed)
+        return (index, prev, curr), True, left if left > 0.0 else 0.0, reset, 0.0
 
     def _reset(self, prev: float, curr: float, elapsed: float) -> float:
         if curr > 0:

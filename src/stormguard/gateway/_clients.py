@@ -31,6 +31,12 @@ class ClientIdentity:
             (rule, compile_key(rule, self._address)) for rule in rules
         )
 
+    @property
+    def per_connection(self) -> bool:
+        """Whether a connection's requests all name the same client: every rule is
+        ``ip`` and no proxy is trusted, so the key is the peer's address."""
+        return not self._address.trusted_proxies and all(rule == "ip" for rule, _ in self._keys)
+
     def ip(self, view: RequestView) -> str:
         """The client address (forwarded headers believed only from trusted proxies)."""
         return self._address.resolve(view) or "unknown"

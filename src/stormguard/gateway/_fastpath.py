@@ -26,13 +26,18 @@ from ..server._refusal import Refusal
 from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
-from ._h1server import LeanCycle
 from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
 from ._upstream import Held, Target, UpstreamPool
-from ._wire import request_headers, response_headers
+from ._wire import request_headers, response_head
 
 __all__ = ["begin"]
+
+_NO_BODY_STATUS = (204, 304)
+# Host header -> the host name routes match (lower-cased, port cut): a few hosts
+# arrive again and again. Bounded: cleared when full.
+_HOSTNAMES: dict[bytes, str] = {}
+_MAX_HOSTNAMES = 1024
 
 
 def _eligible(route: CompiledRoute) -> bool:
@@ -48,7 +53,7 @@ def _eligible(route: CompiledRoute) -> bool:
     )
 
 
-def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> LeanCycle | None:
+def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> FastExchange | None:
     """Serve the request of ``scope`` on the callback path; None: take the ASGI path."""
     method = scope["method"]
     if method not in _BODYLESS:
@@ -59,19 +64,40 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> L
             host = value
         elif (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
             return None
-    hostname = host.decode("latin-1").rsplit(":", 1)[0].lower() if host else None
+    hostname = None
+    if host:
+        hostname = _HOSTNAMES.get(host)
+        if hostname is None:
+            hostname = host.decode("latin-1").rsplit(":", 1)[0].lower()
+            if len(_HOSTNAMES) >= _MAX_HOSTNAMES:
+                _HOSTNAMES.clear()
+            _HOSTNAMES[host] = hostname
     route = rt.match(scope["path"], method, hostname)
-    if route is None or not _eligible(route):
+    if route is None:
+        return None
+    callback = route.callback
+    if callback is None:  # the route's settings decide it once
+        callback = route.callback = _eligible(route)
+    if not callback:
         return None
     pool = route.upstream
     view = ScopeView(scope)
-    rule, key = rt.identity.identify(view)
+    identity = rt.identity
+    known = proto.client_known  # (identity, rule, key, client id) of this connection
+    steady = known is not None and known[0] is identity
+    if steady:
+        _, rule, key, client = known
+    else:
+        rule, key = identity.identify(view)
+        client = client_id(key)
+        # The same client on every request of the connection, when only its address
+        # can name it: named once.
+        proto.client_known = (identity, rule, key, client) if identity.per_connection else None
     turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
         return None
     target, conn = ready
-    client = client_id(key)
     try:
         held = pool.admit_now(client)
     except CircuitOpen:
@@ -83,16 +109,28 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> L
     started = time.perf_counter()
     scope[CLIENT_KEY] = key
     exchange = FastExchange(proto, scope, keep_alive, rt, route, pool, held, target, started)
-    ex = exchange.ex
-    ex.client, ex.rule = client, rule
-    if route.rules is not None:
-        decision = route.rules.decide(view, method, scope["path"])
-        if decision is not None and not decision.allowed:
+    exchange.client, exchange.rule = client, rule
+    rules = route.rules
+    if rules is not None:
+        # A connection's one client meets the same limit keys on every request
+        # (a route's limits are per client or global): found once per route.
+        cached = proto.limits_known
+        if steady and cached is not None and cached[0] is rules:
+            decision = rules.refusal_of(cached[1])
+        else:
+            limits = rules.plain_limits(view)
+            if limits is None:
+                decision = rules.refusal(view, method, scope["path"])
+            else:
+                if proto.client_known is not None:  # this client, from now on
+                    proto.limits_known = (rules, limits)
+                decision = rules.refusal_of(limits)
+        if decision is not None:
             pool.client.idle(conn)
             pool.turn = turn
             exchange.refuse(limit_refusal(route, decision))
             return exchange
-    ex.upstream = pool.name
+    exchange.upstream = pool.name
     headers = request_headers(scope, rt.identity.trusted_peer(view))
     path = scope["raw_path"]
     query = scope["query_string"]
@@ -102,8 +140,43 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> L
     return exchange
 
 
-class FastExchange(LeanCycle):
-    """One request on the callback path: the server's cycle and the upstream's sink."""
+class FastExchange(_Exchange):
+    """One request on the callback path: the connection's cycle, the upstream's sink
+    and the request's bookkeeping (:class:`_Exchange`) in one object.
+
+    uvicorn's protocol sees it as the connection's cycle (``response_complete``,
+    ``disconnected``, ``keep_alive``, ``more_body``, ``body``, ``message_event``);
+    the answer goes straight to the client's transport: its head is rendered in one
+    pass from the upstream's raw headers (:func:`_wire.response_head`) and written
+    with the body -- one write for a small answer.
+    """
+
+    __slots__ = (
+        "body",
+        "chunked",
+        "disconnected",
+        "head",
+        "held",
+        "keep_alive",
+        "message_event",
+        "method",
+        "more_body",
+        "on_lost",
+        "pending",
+        "pool",
+        "proto",
+        "request",
+        "resend",
+        "response",
+        "response_complete",
+        "route",
+        "rt",
+        "scope",
+        "sent",
+        "started",
+        "target",
+        "whole",
+    )
 
     def __init__(
         self,
@@ -117,55 +190,106 @@ class FastExchange(LeanCycle):
         target: Target,
         started: float,
     ) -> None:
-        super().__init__(**proto.cycle_args(scope, keep_alive, _NO_EVENT))
-        self.more_body = False
+        # _Exchange's fields, set here (one frame less per request)
+        self.outcome, self.status, self.client, self.rule, self.upstream = "allowed", 0, "", "", ""
+        self.gone = self.done = False
+        self.proto, self.scope, self.keep_alive = proto, scope, keep_alive
+        self.method = scope["method"]
         self.rt, self.route, self.pool, self.held, self.target = rt, route, pool, held, target
         self.started = started
         self.sent = 0.0
-        self.ex = _Exchange()
+        self.response_complete = self.disconnected = False
+        self.more_body = False
+        self.body = b""
+        self.message_event = _NO_EVENT
         self.response: H1Response | None = None
         self.request: tuple[str, bytes, list[tuple[bytes, bytes]]] = ("GET", b"/", [])
         self.resend: asyncio.Task[None] | None = None  # the one resend, if it came to that
+        self.head = b""  # the answer's head, until it goes out with the first body bytes
         self.whole = False  # the answer is small: its body goes out in one write
+        self.chunked = False  # the answer's body is framed here (its length is unknown)
         self.pending: list[bytes] = []
-        self.on_lost = self.lost
+        self.on_lost: Any = self.lost
 
     # -- the answer, from the upstream connection ---------------------------------------
 
     def answer_head(self, response: H1Response) -> None:
         self.rt.metrics.observe_latency(self.pool.name, time.perf_counter() - self.sent)
-        failed = response.status >= 500
+        status = response.status
+        failed = status >= 500
         self.pool.report(self.target, failed)
-        permit = self.held.permit
+        held = self.held
+        permit = held.permit
         if permit is not None:
-            self.held.permit = None
+            held.permit = None
             permit.record(failure=failed)
-        self.ex.status = response.status
+        self.status = status
         length = response.content_length
+        bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS
+        self.chunked = length is None and not bodiless
         self.whole = length is not None and length <= _BUFFER
-        self.send_now(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": response_headers(response.raw_headers),
-            }
+        self.head = response_head(
+            status,
+            response.raw_headers,
+            self.proto.server_state.default_headers,
+            self.keep_alive,
+            self.chunked,
         )
 
     def answer_body(self, chunk: bytes) -> None:
         if self.whole:
             self.pending.append(chunk)
             return
-        self.send_now({"type": "http.response.body", "body": chunk, "more_body": True})
-        if self.flow.write_paused and self.response is not None:
+        if self.method == "HEAD" or not chunk:
+            return
+        self._write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if self.chunked else chunk)
+        if self.proto.flow.write_paused and self.response is not None:
             conn = self.response._conn
             if conn is not None:
                 conn.pause()  # the client reads slower than the upstream writes
 
     def answer_end(self) -> None:
-        self.ex.done = True
-        body = b"".join(self.pending) if self.pending else b""
-        self.send_now({"type": "http.response.body", "body": body})
+        self.done = True
+        pending = self.pending
+        body = (pending[0] if len(pending) == 1 else b"".join(pending)) if pending else b""
+        if self.method == "HEAD":
+            body = b""
+        if self.chunked:
+            body += b"0\r\n\r\n"
+        if not self.disconnected:  # _write() and _complete(), inline
+            head = self.head
+            if head:
+                self.head = b""
+                body = head + body
+            proto = self.proto
+            if body:
+                proto.transport.write(body)
+            self.response_complete = True
+            if not self.keep_alive:
+                proto.transport.close()
+            proto.on_response_complete()
         self.finish()
+
+    def _write(self, data: bytes) -> None:
+        # The head goes out with the first body bytes (one write, one segment).
+        if self.disconnected:
+            return
+        head = self.head
+        if head:
+            self.head = b""
+            data = head + data
+        if data:
+            self.proto.transport.write(data)
+
+    def _complete(self) -> None:
+        # The answer is out: what uvicorn's cycle does at its last body message.
+        if self.disconnected:
+            return
+        self.response_complete = True
+        proto = self.proto
+        if not self.keep_alive:
+            proto.transport.close()
+        proto.on_response_complete()
 
     def answer_error(self, exc: BaseException) -> None:
         response = self.response
@@ -179,7 +303,7 @@ class FastExchange(LeanCycle):
             self.resend = asyncio.get_running_loop().create_task(self._resend())
             return
         permit = self.held.permit
-        if self.ex.status == 0:  # nothing went out yet: a refusal can
+        if self.status == 0:  # nothing went out yet: a refusal can
             self.pool.report(self.target, True)
             if permit is not None:
                 self.held.permit = None
@@ -191,9 +315,9 @@ class FastExchange(LeanCycle):
                 refusal = Refusal.of(502, f"upstream {name!r} unreachable", reason="upstream_error")
             self.refuse(refusal)
             return
-        # The status line went out: the answer can only be cut.
-        self.ex.outcome = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error"
-        self.transport.close()
+        # The status line was decided: the answer can only be cut.
+        self.outcome = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error"
+        self.proto.transport.close()
         self.finish()
 
     async def _resend(self) -> None:
@@ -225,22 +349,29 @@ class FastExchange(LeanCycle):
         if permit is not None:
             self.held.permit = None
             permit.release()
-        self.ex.outcome, self.ex.status = "client_gone", 499
+        self.outcome, self.status = "client_gone", 499
         self.finish()
 
     def refuse(self, refusal: Refusal) -> None:
         """Answer with ``refusal`` (the request did not reach the upstream)."""
-        ex = self.ex
-        ex.status, ex.outcome = refusal.status, refusal.reason
-        ex.done = True
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers]
+        self.status, self.outcome = refusal.status, refusal.reason
+        self.done = True
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers]
         headers.append((b"content-length", b"%d" % len(refusal.body)))
         permit = self.held.permit
         if permit is not None:
             self.held.permit = None
             permit.release()
-        self.send_now({"type": "http.response.start", "status": refusal.status, "headers": headers})
-        self.send_now({"type": "http.response.body", "body": refusal.body})
+        self.head = response_head(
+            refusal.status,
+            headers,
+            self.proto.server_state.default_headers,
+            self.keep_alive,
+            False,
+            via=False,
+        )
+        self._write(b"" if self.method == "HEAD" else refusal.body)
+        self._complete()
         self.finish()
 
     def finish(self) -> None:
@@ -250,14 +381,15 @@ class FastExchange(LeanCycle):
         self.response = None
         if self.held.admitted:
             self.pool.done(self.held)
-            account(self.rt, self.route, self.scope, self.ex, self.started)  # type: ignore[arg-type]
+            account(self.rt, self.route, self.scope, self, self.started)
 
 
 class _NoEvent:
     """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
 
-    def set(self) -> None:
-        pass
+    __slots__ = ()
+    # A no-op in C (uvicorn's protocol calls it once per request): set() -> None.
+    set = object.__init__
 
 
 _NO_EVENT = _NoEvent()

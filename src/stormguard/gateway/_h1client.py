@@ -40,6 +40,7 @@ __all__ = [
     "UpstreamError",
 ]
 
+_NO_CHUNKS: deque[bytes] = deque(maxlen=0)  # shared, always empty (see H1Response)
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 _NO_BODY_STATUS = (204, 304)
@@ -103,7 +104,8 @@ class H1Response:
         self.content_length: int | None = None
         self.keep_alive = False
         self.complete = False
-        self._chunks: deque[bytes] = deque()
+        # A sink hears the body as it comes: its answer never queues a chunk.
+        self._chunks: deque[bytes] = deque() if sink is None else _NO_CHUNKS
         self._size = 0
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -287,15 +289,20 @@ class _Connection(asyncio.Protocol):
             self.on_message_complete()
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response._feed(body)
+        response = self.response
+        if response is not None:
+            sink = response.sink
+            if sink is not None:
+                sink.answer_body(body)
+            else:
+                response._feed(body)
 
     def on_message_complete(self) -> None:
         response = self.response
         if response is None or response.status == 0 or response.complete:
             return  # the end of an interim answer
         response.complete = True
-        self._cancel_timer()
+        self.pool.busy.discard(self)  # _cancel_timer()
         if self.until_eof or not response.keep_alive:
             response.keep_alive = False
         if response.sink is not None:
@@ -353,7 +360,7 @@ class _Connection(asyncio.Protocol):
             return
         self.response = None
         self.headers_ready = None
-        self._cancel_timer()
+        self.pool.busy.discard(self)  # _cancel_timer()
         if response.complete and response.keep_alive and not self.closed and not self.paused:
             self.pool.idle(self)
         else:
@@ -416,7 +423,8 @@ class H1Pool:
             conn.close()
             return
         conn.endpoint.idle.append(conn)
-        self._wake_one()
+        if self._waiters:
+            self._wake_one()
 
     def lost(self, conn: _Connection) -> None:
         if conn in self._all:
@@ -565,7 +573,17 @@ class H1Pool:
         """Send a bodyless request on ``conn`` (from :meth:`take_idle`); ``sink``
         hears the answer. Errors reach ``sink.error``, never the caller."""
         response = H1Response(conn, sink)
-        conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
+        # conn.begin() for a sink (nobody awaits the head), inline
+        conn.response = response
+        conn.received = conn.until_eof = False
+        conn.head_request = method == "HEAD"
+        conn.headers_ready = None
+        conn.last_read = now = self.loop.time()
+        total = self.total_timeout
+        conn.deadline = now + total if total else 0.0
+        self.busy.add(conn)  # watch(), inline
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
         assert conn.transport is not None
         conn.transport.write(self._head(conn.endpoint, method, target, headers, None))
         return response

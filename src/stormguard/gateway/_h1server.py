@@ -33,6 +33,13 @@ from ._wire import DISCONNECT
 __all__ = ["GatewayProtocol", "LeanCycle", "gateway_protocol"]
 
 
+# The common methods' names as the scope has them (decoded once).
+_METHODS = {
+    m.encode("ascii"): m
+    for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT")
+}
+
+
 class LeanCycle(RequestResponseCycle):
     """One request and its answer (uvicorn's cycle with a cheaper ``send``)."""
 
@@ -136,6 +143,13 @@ class GatewayProtocol(HttpToolsProtocol):
     _sweep_every = 1.0
     _armed_at = 0.0
     _begun = False  # a request began since the timer was armed
+    # The client of every request on this connection, when the identity rules make it
+    # one (_fastpath.begin): (identity, rule, key, client id).
+    client_known: tuple[Any, str, str, str] | None = None
+    # With client_known: a route's rule set and the (algorithm, name, key) of its
+    # limits for that client (_fastpath.begin; RuleSet.plain_limits).
+    limits_known: tuple[Any, list[tuple[Any, str, str]]] | None = None
+    _asgi: dict[str, str]  # per connection (connection_made)
     _idle_close = False  # the timer also stands for the keep-alive deadline
 
     # -- the one deadline, checked by a sweep ---------------------------------------------
@@ -179,6 +193,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
         # The app's callback path (Gateway.fast -> _fastpath.begin), if it has one.
         self.fast = getattr(self.app, "fast", None)
         self._arm(keep_alive=False)
@@ -199,15 +214,48 @@ class GatewayProtocol(HttpToolsProtocol):
                 cycle.on_lost = None  # type: ignore[attr-defined]
                 on_lost()
 
+    # The per-request callbacks are uvicorn's, minus calls the gateway never needs:
+    # its keep-alive timer is never armed (the sweep stands for it), and the scope's
+    # "asgi" entry is one dict per connection.
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
     def on_message_begin(self) -> None:
         self._begun = True
-        super().on_message_begin()
+        self.url = b""
+        self.expect_100_continue = False
+        headers: list[tuple[bytes, bytes]] = []
+        self.headers = headers
+        scope: Any = {
+            "type": "http",
+            "asgi": self._asgi,
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+        }
+        self.scope = scope
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._watched.discard(self)  # _disarm()
         parser = self.parser
         scope: Any = self.scope
-        scope["method"] = parser.get_method().decode("ascii")
+        method = parser.get_method()
+        scope["method"] = _METHODS.get(method) or method.decode("ascii")
         version = parser.get_http_version()
         if version != "1.1":
             scope["http_version"] = version
@@ -218,8 +266,11 @@ class GatewayProtocol(HttpToolsProtocol):
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        root = self.root_path
+        if root:
+            path, raw_path = root + path, root.encode("ascii") + raw_path
+        scope["path"] = path
+        scope["raw_path"] = raw_path
         scope["query_string"] = parsed.query or b""
         existing = self.cycle
         keep_alive = version != "1.0" and parser.should_keep_alive()
@@ -260,8 +311,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._unset_keepalive_if_required()
-        self.flow.resume_reading()
+        flow = self.flow
+        if flow.read_paused:
+            flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)

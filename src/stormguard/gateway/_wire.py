@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from http import HTTPStatus
 from typing import Any
 
-__all__ = ["DISCONNECT", "HOP_BY_HOP", "request_headers", "response_headers"]
+__all__ = ["DISCONNECT", "HOP_BY_HOP", "request_headers", "response_head", "response_headers"]
 
 # Scope entry set by the gateway's own HTTP protocol (_h1server.py): the request's
 # cycle; a callable put in its `on_lost` is called once if the client disconnects
@@ -109,3 +110,64 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, by
         out = [pair for pair in out if pair[0] not in tokens]
     out.append((b"via", via + b", " + VIA if via else VIA))
     return out
+
+
+def response_head(
+    status: int,
+    raw: list[tuple[bytes, bytes]],
+    default: Iterable[tuple[bytes, bytes]],
+    keep_alive: bool,
+    chunked: bool,
+    *,
+    via: bool = True,
+) -> bytes:
+    """The HTTP/1.1 head of an answer, rendered in one pass: the status line, the
+    server's ``default`` headers, ``raw`` (the upstream's, filtered as
+    :func:`response_headers` does, when ``via``; else the gateway's own), then
+    ``Connection: close`` unless ``keep_alive`` and ``Transfer-Encoding: chunked``
+    when ``chunked`` (any Content-Length is then left out: the body is framed
+    here). Names go out lower-cased."""
+    parts = [_STATUS_LINES.get(status) or _status_line(status)]
+    if default:
+        _render(parts, default, False)
+    if not via:
+        _render(parts, raw, chunked)
+    else:
+        mark = len(parts)
+        for name, value in raw:
+            name = name.lower()
+            if name in _NOT_PLAIN:
+                if name == b"connection" and value.strip().lower() in _PLAIN_TOKENS:
+                    continue  # "keep-alive" or "close": names no other header
+                del parts[mark:]  # a header to filter: the general rules decide
+                _render(parts, response_headers(raw), chunked)
+                break
+            if not (chunked and name == b"content-length"):
+                parts += (name, b": ", value, b"\r\n")
+        else:
+            parts.append(b"via: " + VIA + b"\r\n")
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n")
+    return b"".join(parts)
+
+
+def _render(parts: list[bytes], headers: Iterable[tuple[bytes, bytes]], chunked: bool) -> None:
+    for name, value in headers:
+        name = name.lower()
+        if not (chunked and name == b"content-length"):
+            parts += (name, b": ", value, b"\r\n")
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode("ascii"))
+
+
+_STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+# Names whose presence sends a head through response_headers() (hop-by-hop ones,
+# and Via, which the gateway extends).
+_NOT_PLAIN = HOP_BY_HOP | {b"via"}

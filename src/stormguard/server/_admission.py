@@ -89,16 +89,17 @@ class Admission:
         """Take a slot only if one is free now: True. A Refusal (503) when the client's
         share is used up, or the group is full and ``max_wait`` is 0; False when the
         caller could wait for a slot (then :meth:`aenter` or :meth:`enter`)."""
-        if not self._take_share(client):
+        shared = client is not None and self.per_client is not None
+        if shared and not self._take_share(client):
             return self._refusal("this client already has its share of requests in flight")
-        try:
-            self.bulkhead.acquire(0)
-        except BulkheadFull:
+        bulkhead = self.bulkhead
+        if bulkhead.try_acquire():  # lock-free; False also while others wait in line
+            return True
+        if shared:
             self._give_share(client)
-            if self.bulkhead.max_wait > 0:
-                return False
-            return self._refusal("too many requests in flight")
-        return True
+        if bulkhead.max_wait > 0:
+            return False
+        return self._refusal("too many requests in flight")
 
     async def aenter(self, client: str | None = None) -> Refusal | None:
         """Take a slot for ``client`` (None: no share); a Refusal (503) when full."""
@@ -130,7 +131,8 @@ class Admission:
     def leave(self, client: str | None = None) -> None:
         """Give back the slots taken by a successful :meth:`enter`/:meth:`aenter`."""
         self.bulkhead.release()
-        self._give_share(client)
+        if client is not None and self.per_client is not None:
+            self._give_share(client)
 
 
 class AdmissionGroups:

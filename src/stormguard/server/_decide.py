@@ -162,6 +162,36 @@ class RuleSet:
         """Whether the store is a MemoryStore: :meth:`decide` then serves async limiters too."""
         return type(self.store) is MemoryStore
 
+    def refusal(self, view: RequestView, method: str, path: str) -> Decision | None:
+        """:meth:`decide` for a caller that only acts on a refusal: the decision when
+        a limit refused the request, else None (admitted, or no rule applied) --
+        on the plain path without building the admitted decisions at all."""
+        limits = self.plain_limits(view)
+        if limits is not None:
+            return self.refusal_of(limits)
+        return _refused(self.decide(view, method, path))
+
+    def plain_limits(self, view: RequestView) -> list[tuple[Any, str, str]] | None:
+        """The plain path's ``(algorithm, name, key)`` of every rule for ``view``
+        (what :meth:`refusal_of` decides); None without a plain path or when a rule
+        has no key for ``view`` (then :meth:`refusal` or :meth:`decide`). A caller
+        whose keys cannot change may keep the list for its next requests."""
+        plain = self._plain
+        if plain is None:
+            return None
+        limits = []
+        for algorithm, name, key_of in plain:
+            key = key_of(view)
+            if key is None:
+                return None
+            limits.append((algorithm, name, key))
+        return limits
+
+    def refusal_of(self, limits: list[tuple[Any, str, str]]) -> Decision | None:
+        """:meth:`refusal` for limits from :meth:`plain_limits`: one hit of them all."""
+        parts = self.store.hit_many(limits, self._plain_cost, quiet=True)
+        return None if parts is None else _refused(combined(parts))
+
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Sync twin of :meth:`adecide` (on a MemoryStore, for async limiters too:
         nothing there is ever awaited)."""
@@ -189,3 +219,7 @@ class RuleSet:
             if not decision.allowed:
                 break
         return decisions[0] if len(decisions) == 1 else _flat(decisions)
+
+
+def _refused(decision: Decision | None) -> Decision | None:
+    return None if decision is None or decision.allowed else decision

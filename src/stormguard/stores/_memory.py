@@ -17,7 +17,7 @@ import threading
 import time as _time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
@@ -164,24 +164,42 @@ class MemoryStore:
                         self._put(key, state, d.reset_after, now)
         return decisions
 
-    def hit_many(self, limits: Sequence[tuple[Algorithm, str, str]], cost: float) -> list[Decision]:
+    @overload
+    def hit_many(
+        self, limits: Sequence[tuple[Algorithm, str, str]], cost: float
+    ) -> list[Decision]: ...
+    @overload
+    def hit_many(
+        self, limits: Sequence[tuple[Algorithm, str, str]], cost: float, *, quiet: bool
+    ) -> list[Decision] | None: ...
+    def hit_many(
+        self, limits: Sequence[tuple[Algorithm, str, str]], cost: float, *, quiet: bool = False
+    ) -> list[Decision] | None:
         """:meth:`decide` for limits of one cost, without building LimitRequests.
 
         ``limits`` pairs each algorithm with its policy name and key. The limiters'
         hot path for several limits of one request (the gateway decides a
         per-client and a global limit on every request): the same decisions and
         stored states as ``decide`` through ``core.decide_group``, all or nothing.
+        With ``quiet``, a hit every limit admitted (and no lease taken) returns
+        None instead of its decisions: a caller that only needs to know it passed
+        builds nothing.
         """
         data, put = self._data, self._put
         rows = []  # (algorithm, name, store key, state, lease, outcome)
         committed = True
+        leased = False
         with self._lock:
             now = self._monotonic()
             for algorithm, name, key in limits:
                 skey = name + "\x00" + key
                 entry = data.get(skey)
                 state = None if entry is None or entry[0] <= now else entry[1]
-                lease = os.urandom(9).hex() if type(algorithm) is Concurrency else ""
+                if type(algorithm) is Concurrency:
+                    lease = os.urandom(9).hex()
+                    leased = True
+                else:
+                    lease = ""
                 outcome = algorithm.advance(state, now, cost, lease)
                 committed = committed and outcome[1]
                 rows.append((algorithm, name, skey, state, lease, outcome))
@@ -197,6 +215,8 @@ class MemoryStore:
                         data.move_to_end(skey)
                     else:
                         put(skey, o[0], o[3], now)
+            if quiet and committed and not leased:
+                return None
         return [
             _new(Decision, (o[1], a.limit, o[2], o[3], o[4], n, a.window, lease or None, ()))
             for a, n, _, _, lease, o in rows

@@ -1,0 +1,343 @@
+"""The callback path's answers, byte for byte (_fastpath.FastExchange, _wire.response_head).
+
+The gateway's own protocol and upstream connection run in this process over
+transports that record what is written: a request goes in as the client's bytes,
+the upstream's answer comes back as canned bytes, and the test reads what the
+client would receive. No socket, so every answer shape an upstream may send can
+be played exactly, and each request is known to take the callback path (a
+request the callback path declines would reach no upstream connection here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+import yaml
+from uvicorn.server import ServerState
+
+from stormguard.gateway._app import Gateway
+from stormguard.gateway._clients import ClientIdentity
+from stormguard.gateway._config import load_config
+from stormguard.gateway._h1client import _Connection
+from stormguard.gateway._h1server import gateway_protocol
+from stormguard.gateway._wire import response_head
+
+
+class _Transport:
+    """Records writes; closing is remembered."""
+
+    def __init__(self, peer: tuple[str, int]) -> None:
+        self.peer = peer
+        self.out: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": self.peer, "sockname": ("127.0.0.1", 8080)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data, self.out = b"".join(self.out), []
+        return data
+
+
+class _Bench:
+    """One gateway, one client connection, one warm upstream connection."""
+
+    def __init__(self, gateway: Gateway, proto: Any, client: _Transport, conn: _Connection):
+        self.gateway, self.proto, self.client, self.conn = gateway, proto, client, conn
+
+    def request(self, raw: bytes) -> bytes:
+        """The client sends ``raw``; what the upstream received (b"" if nothing)."""
+        self.proto.data_received(raw)
+        upstream = self.conn.transport
+        assert isinstance(upstream, _Transport)
+        return upstream.take()
+
+    def answer(self, *pieces: bytes) -> bytes:
+        """The upstream answers with ``pieces`` (one read each); what the client got."""
+        for piece in pieces:
+            self.conn.data_received(piece)
+        return self.client.take()
+
+
+@pytest.fixture
+async def bench(tmp_path: Path) -> AsyncIterator[Any]:
+    async def make(limits: dict[str, Any] | None = None) -> _Bench:
+        config: dict[str, Any] = {
+            "listen": {"http": "127.0.0.1:1", "admin": "127.0.0.1:2"},
+            "access_log": False,
+            "upstreams": {"a": {"url": "http://127.0.0.1:9"}},
+            "routes": [{"path": "/", "upstream": "a", "limits": list(limits or {})}],
+        }
+        if limits:
+            config["limits"] = limits
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        gateway = Gateway(load_config(path))
+        made.append(gateway)
+        uv = uvicorn.Config(
+            gateway,
+            http=gateway_protocol(10.0),
+            lifespan="off",
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+            log_level="warning",
+        )
+        uv.load()
+        proto = uv.http_protocol_class(config=uv, server_state=ServerState(), app_state={})  # type: ignore[call-arg]
+        client = _Transport(("10.1.2.3", 40000))
+        proto.connection_made(client)
+        pool = gateway.runtime.upstreams["a"]
+        h1 = pool.client
+        h1._started = True
+        h1.loop = asyncio.get_running_loop()
+        base = pool.targets[0].base
+        conn = _Connection(h1, h1._endpoint(base))
+        conn.endpoint_base = base  # type: ignore[attr-defined]
+        conn.connection_made(_Transport(("127.0.0.1", 9)))  # type: ignore[arg-type]
+        h1._all.add(conn)
+        h1.open += 1
+        conn.endpoint.idle.append(conn)
+        return _Bench(gateway, proto, client, conn)
+
+    made: list[Gateway] = []
+    yield make
+    for gateway in made:
+        await gateway.stop()
+
+
+GET = b"GET /items?page=2 HTTP/1.1\r\nHost: api.example\r\nAccept: */*\r\n\r\n"
+OK = (
+    b"HTTP/1.1 200 OK\r\nServer: up\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
+)
+
+
+def _head_and_body(answer: bytes) -> tuple[list[bytes], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n"), body
+
+
+async def test_a_plain_answer_is_one_write_with_via_and_no_hop_by_hop_header(bench: Any) -> None:
+    b = await bench()
+    sent = b.request(GET)
+    assert sent.startswith(b"GET /items?page=2 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n")
+    assert b"X-Forwarded-For: 10.1.2.3\r\n" in sent and b"X-Forwarded-Host: api.example\r\n" in sent
+    b.conn.data_received(OK)
+    assert len(b.client.out) == 1  # head and body in one write
+    lines, body = _head_and_body(b.client.take())
+    assert lines == [
+        b"HTTP/1.1 200 OK",
+        b"server: up",
+        b"content-type: text/plain",
+        b"content-length: 2",
+        b"via: 1.1 stormguard",
+    ]
+    assert body == b"ok"
+    assert b.proto.cycle.response_complete and not b.client.closed
+    assert b.conn in b.conn.endpoint.idle  # the upstream connection is reusable
+
+
+@pytest.mark.parametrize("more", [b"", b"Keep-Alive: timeout=5\r\n"])
+async def test_headers_the_connection_header_names_are_dropped(bench: Any, more: bytes) -> None:
+    b = await bench()
+    b.request(GET)
+    answer = b.answer(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\n"
+        + more
+        + b"Content-Length: 0\r\n\r\n"
+    )
+    lines, body = _head_and_body(answer)
+    assert lines == [b"HTTP/1.1 200 OK", b"content-length: 0", b"via: 1.1 stormguard"]
+    assert body == b""
+
+
+async def test_the_upstreams_via_is_extended(bench: Any) -> None:
+    b = await bench()
+    b.request(GET)
+    answer = b.answer(b"HTTP/1.1 200 OK\r\nVia: 1.0 cache\r\nContent-Length: 0\r\n\r\n")
+    lines, _ = _head_and_body(answer)
+    assert lines == [b"HTTP/1.1 200 OK", b"content-length: 0", b"via: 1.0 cache, 1.1 stormguard"]
+
+
+async def test_a_chunked_answer_is_streamed_and_framed_again(bench: Any) -> None:
+    b = await bench()
+    b.request(GET)
+    first = b.answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n")
+    lines, body = _head_and_body(first)
+    assert b"transfer-encoding: chunked" in lines and body == b"4\r\nabcd\r\n"
+    assert not b.proto.cycle.response_complete
+    assert b.answer(b"2\r\nef\r\n0\r\n\r\n") == b"2\r\nef\r\n0\r\n\r\n"
+    assert b.proto.cycle.response_complete
+
+
+async def test_an_answer_ending_with_its_connection_reaches_the_client_chunked(
+    bench: Any,
+) -> None:
+    b = await bench()
+    b.request(GET)
+    first = b.answer(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-", b"eof")
+    b.conn.connection_lost(None)  # the upstream closes: the answer is complete
+    lines, body = _head_and_body(first + b.client.take())
+    assert b"transfer-encoding: chunked" in lines
+    assert body == b"6\r\nuntil-\r\n3\r\neof\r\n0\r\n\r\n"
+    assert b.proto.cycle.response_complete and not b.client.closed
+    assert b.conn not in b.conn.endpoint.idle
+
+
+@pytest.mark.parametrize("status", [204, 304])
+async def test_a_bodyless_status_gets_neither_length_nor_chunking(bench: Any, status: int) -> None:
+    b = await bench()
+    b.request(GET)
+    answer = b.answer(b'HTTP/1.1 %d Whatever\r\nETag: "v1"\r\n\r\n' % status)
+    lines, body = _head_and_body(answer)
+    assert lines[0].startswith(b"HTTP/1.1 %d " % status)
+    assert not any(line.startswith((b"transfer-encoding", b"content-length")) for line in lines)
+    assert body == b"" and b.proto.cycle.response_complete
+
+
+async def test_head_keeps_the_upstream_length_and_sends_no_body(bench: Any) -> None:
+    b = await bench()
+    b.request(b"HEAD /big HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n")
+    lines, body = _head_and_body(answer)
+    assert b"content-length: 5000" in lines and body == b""
+    assert b.proto.cycle.response_complete
+
+
+async def test_an_unlisted_status_gets_a_status_line(bench: Any) -> None:
+    b = await bench()
+    b.request(GET)
+    lines, _ = _head_and_body(b.answer(b"HTTP/1.1 299 Custom\r\nContent-Length: 0\r\n\r\n"))
+    assert lines[0] == b"HTTP/1.1 299 "
+
+
+async def test_a_client_asking_to_close_is_answered_and_closed(bench: Any) -> None:
+    b = await bench()
+    b.request(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    lines, body = _head_and_body(b.answer(OK))
+    assert lines[-1] == b"connection: close" and body == b"ok"
+    assert b.client.closed
+
+
+async def test_a_large_answer_streams_as_it_arrives(bench: Any) -> None:
+    b = await bench()
+    b.request(GET)
+    size = 200_000
+    first = b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * 1000)
+    lines, body = _head_and_body(first)
+    assert b"content-length: %d" % size in lines and body == b"x" * 1000
+    rest = b.answer(b"y" * (size - 1000))
+    assert rest == b"y" * (size - 1000) and b.proto.cycle.response_complete
+
+
+async def test_a_limited_request_is_refused_without_reaching_the_upstream(bench: Any) -> None:
+    b = await bench({"one": {"algorithm": "token_bucket", "rate": 0.001, "burst": 1}})
+    assert b.request(GET)  # the first one passes
+    assert b.answer(OK).endswith(b"ok")
+    assert b.request(GET) == b""  # the second one never reaches the upstream
+    lines, body = _head_and_body(b.client.take())
+    assert lines[0] == b"HTTP/1.1 429 Too Many Requests"
+    assert any(line.startswith(b"retry-after: ") for line in lines)
+    assert f"content-length: {len(body)}".encode() in lines
+    assert not any(line.startswith(b"via") for line in lines)
+    assert b.proto.cycle.response_complete and not b.client.closed
+    assert b.conn in b.conn.endpoint.idle  # the connection it did not use is idle again
+
+
+async def test_an_upstream_that_drops_the_answer_midway_cuts_the_client(bench: Any) -> None:
+    b = await bench()
+    b.request(GET)
+    b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    b.conn.connection_lost(None)
+    assert b.client.closed  # a half answer cannot be finished: the client sees it cut
+
+
+def test_response_head_renders_defaults_connection_close_and_chunking() -> None:
+    raw = [(b"Content-Length", b"9"), (b"X-A", b"1")]
+    head = response_head(200, raw, [(b"Date", b"today")], False, True)
+    assert head == (
+        b"HTTP/1.1 200 OK\r\ndate: today\r\nx-a: 1\r\nvia: 1.1 stormguard\r\n"
+        b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    own = response_head(503, [(b"Retry-After", b"2")], (), True, False, via=False)
+    assert own == b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 2\r\n\r\n"
+
+
+async def test_a_connections_client_is_named_once_when_only_its_address_can_name_it(
+    bench: Any,
+) -> None:
+    """With clients keyed by ip alone, the client of a connection is looked up once;
+    a reload (a new identity) looks it up again."""
+    b = await bench(
+        {
+            "pc": {"algorithm": "token_bucket", "rate": 1, "burst": 9, "per": "client"},
+            "all": {"algorithm": "sliding_window", "limit": 99, "window": 1, "per": "global"},
+        }
+    )
+    assert b.proto.client_known is None
+    b.request(GET)
+    b.answer(OK)
+    identity, rule, key, _ = b.proto.client_known
+    assert identity is b.gateway.runtime.identity and (rule, key) == ("ip", "ip:10.1.2.3")
+    b.proto.client_known = (object(), "ip", "ip:stale", "00000000")  # another configuration's
+    b.request(GET)
+    b.answer(OK)
+    assert b.proto.client_known[2] == "ip:10.1.2.3"
+    store = b.gateway.runtime.store
+    assert [k for k in store._data if "stale" in k] == []  # limits charged the real client
+    rules, limits = b.proto.limits_known  # and its limit keys are kept for the route
+    assert rules is b.gateway.runtime.routes[0].rules
+    assert [key for _, _, key in limits] == ["fn:ip:10.1.2.3", "global"]
+
+
+async def test_kept_limit_keys_still_refuse_at_the_limit(bench: Any) -> None:
+    """Requests after the first decide on the kept keys: the quota still runs out."""
+    b = await bench(
+        {
+            "three": {"algorithm": "fixed_window", "limit": 3, "window": 60},
+            "all": {"algorithm": "token_bucket", "rate": 1, "burst": 99, "per": "global"},
+        }
+    )
+    answers = []
+    for _ in range(5):
+        if b.request(GET):
+            answers.append(b.answer(OK).split(b"\r\n")[0])
+        else:
+            answers.append(b.client.take().split(b"\r\n")[0])
+    assert answers == [b"HTTP/1.1 200 OK"] * 3 + [b"HTTP/1.1 429 Too Many Requests"] * 2
+    assert b.proto.limits_known is not None
+
+
+@pytest.mark.parametrize(
+    ("rules", "proxies", "once"),
+    [
+        (["ip"], [], True),
+        (["header:x-api-key", "ip"], [], False),  # the header may differ per request
+        (["ip"], ["10.0.0.0/8"], False),  # forwarded addresses may differ per request
+    ],
+)
+def test_only_address_keyed_clients_are_named_per_connection(
+    rules: list[str], proxies: list[str], once: bool
+) -> None:
+    assert ClientIdentity(rules, proxies).per_connection is once
