@@ -242,7 +242,7 @@ class Lane:
     ``guard`` is the origin's OriginGuard as the registry handed it out: a lane is
     used only while the registry's ``generation`` is the one it was found in, so
     an origin evicted from the registry, or a reset of it, gives the next request
-    the registry's guard again (see :meth:`HttpFront.lane`). ``policy`` is the
+    the registry's guard again (see :meth:`HttpFront.lane_of`). ``policy`` is the
     front end's policy with the origin's breaker and budget; ``observes`` says
     whether a response that is neither 429 nor 503 must still be shown to the
     guard (pacing reads every response's quota headers).

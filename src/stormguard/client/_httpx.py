@@ -318,10 +318,14 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             return call.error(_failure_kind(result), result)
         return await self._aoutcome(call, result)
 
-    # The success path, written out in each of the two methods below (and in
-    # RetryAdapter.send): a Python call costs about as much as everything a plain
-    # success needs, so the lane look-up (HttpFront.lane_of), the gate and the
-    # quota-name check are inlined rather than shared through helpers.
+    # The success path, written out in each of the two methods below: a Python
+    # call costs about as much as everything a plain success needs, so the lane
+    # look-up (HttpFront.lane_of, here by host first), the gate of an origin with
+    # every part (QuickGuard.enter and .settle) and the quota-name check are
+    # inlined rather than shared through helpers; they are one frame. The two
+    # twins differ only in their awaits; tests/client/test_success_path_fronts.py
+    # runs each rule through both (and through RetryAdapter.send, which inlines
+    # only the look-up and calls the gate's methods).
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()

@@ -21,6 +21,11 @@
 # something pending has taken nothing, and the adapter takes the general path,
 # which waits, refuses or raises exactly as before. Of the takes, only the slot
 # can fail; it comes before the count, which cannot.
+#
+# QuickGuard.enter() and .settle() below are the gate. RetryTransport's success
+# paths (client/_httpx.py) write them out inline for a gate with every part (the
+# call would cost as much as the gate): a change to the rules here is made there
+# too, and tests/client/test_success_path_fronts.py runs each through both.
 from __future__ import annotations
 
 from collections.abc import Callable
