@@ -81,8 +81,11 @@ class _Bench:
 
 @pytest.fixture
 async def bench(tmp_path: Path) -> AsyncIterator[Any]:
-    async def make(limits: dict[str, Any] | None = None) -> _Bench:
+    async def make(
+        limits: dict[str, Any] | None = None, store: str = "memory", warm: bool = True
+    ) -> _Bench:
         config: dict[str, Any] = {
+            "store": store,
             "listen": {"http": "127.0.0.1:1", "admin": "127.0.0.1:2"},
             "access_log": False,
             "upstreams": {"a": {"url": "http://127.0.0.1:9"}},
@@ -113,11 +116,11 @@ async def bench(tmp_path: Path) -> AsyncIterator[Any]:
         h1.loop = asyncio.get_running_loop()
         base = pool.targets[0].base
         conn = _Connection(h1, h1._endpoint(base))
-        conn.endpoint_base = base  # type: ignore[attr-defined]
         conn.connection_made(_Transport(("127.0.0.1", 9)))  # type: ignore[arg-type]
-        h1._all.add(conn)
-        h1.open += 1
-        conn.endpoint.idle.append(conn)
+        if warm:
+            h1._all.add(conn)
+            h1.open += 1
+            conn.endpoint.idle.append(conn)
         return _Bench(gateway, proto, client, conn)
 
     made: list[Gateway] = []
@@ -341,3 +344,72 @@ def test_only_address_keyed_clients_are_named_per_connection(
     rules: list[str], proxies: list[str], once: bool
 ) -> None:
     assert ClientIdentity(rules, proxies).per_connection is once
+
+
+# -- the awaited path: limits in Redis, the breaker shared through it ------------------
+
+LIMITS = {
+    "pc": {"algorithm": "token_bucket", "rate": 0.001, "burst": 2, "per": "client"},
+    "all": {"algorithm": "sliding_window", "limit": 99, "window": 60, "per": "global"},
+}
+
+
+async def _settled(b: _Bench) -> bytes:
+    """Let the exchange's task run until it sent upstream or answered the client."""
+    upstream = b.conn.transport
+    assert isinstance(upstream, _Transport)
+    for _ in range(2000):
+        if upstream.out or b.client.out:
+            return upstream.take()
+        await asyncio.sleep(0.001)
+    raise AssertionError("the awaited exchange neither sent nor answered")
+
+
+@pytest.mark.redis
+async def test_redis_limits_are_awaited_then_the_answer_is_relayed(
+    bench: Any, owned_redis: Any
+) -> None:
+    b = await bench(LIMITS, store=owned_redis.url)
+    for _ in range(2):
+        b.proto.data_received(GET)
+        sent = await _settled(b)
+        assert sent.startswith(b"GET /items?page=2 HTTP/1.1\r\n")
+        lines, body = _head_and_body(b.answer(OK))
+        assert lines[0] == b"HTTP/1.1 200 OK" and body == b"ok"
+    b.proto.data_received(GET)
+    assert await _settled(b) == b""  # the third is over the client's burst of 2
+    lines, _ = _head_and_body(b.client.take())
+    assert lines[0] == b"HTTP/1.1 429 Too Many Requests"
+    assert b.gateway.runtime.upstreams["a"].in_flight == 0
+
+
+@pytest.mark.redis
+async def test_a_client_gone_while_its_limits_are_asked_sends_nothing(
+    bench: Any, owned_redis: Any
+) -> None:
+    b = await bench(LIMITS, store=owned_redis.url)
+    b.proto.data_received(GET)
+    b.proto.connection_lost(None)  # before the store answered
+    for _ in range(200):
+        await asyncio.sleep(0.001)
+    upstream = b.conn.transport
+    assert isinstance(upstream, _Transport) and upstream.out == []
+    pool = b.gateway.runtime.upstreams["a"]
+    assert pool.in_flight == 0
+    assert pool.bulkhead is None or pool.bulkhead.in_flight == 0
+    assert b.proto.cycle.outcome == "client_gone"
+
+
+@pytest.mark.redis
+async def test_an_unreachable_upstream_after_the_await_is_a_502(
+    bench: Any, owned_redis: Any
+) -> None:
+    b = await bench(LIMITS, store=owned_redis.url, warm=False)  # it must connect: nothing idle
+    b.proto.data_received(GET)
+    for _ in range(3000):
+        if b.client.out:
+            break
+        await asyncio.sleep(0.001)
+    lines, _ = _head_and_body(b.client.take())
+    assert lines[0] == b"HTTP/1.1 502 Bad Gateway"
+    assert b.gateway.runtime.upstreams["a"].in_flight == 0

@@ -18,11 +18,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from .._errors import CircuitOpen
-from ..server._refusal import Refusal
+from ..server._refusal import Refusal, unavailable
 from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
@@ -33,6 +34,10 @@ from ._wire import request_headers, response_head
 
 __all__ = ["begin"]
 
+log = logging.getLogger("stormguard.gateway")
+# Reports to a shared breaker on their way to the store (kept until done).
+_REPORTS: set[asyncio.Task[None]] = set()
+
 _NO_BODY_STATUS = (204, 304)
 # Host header -> the host name routes match (lower-cased, port cut): a few hosts
 # arrive again and again. Bounded: cleared when full.
@@ -40,17 +45,25 @@ _HOSTNAMES: dict[bytes, str] = {}
 _MAX_HOSTNAMES = 1024
 
 
-def _eligible(route: CompiledRoute) -> bool:
+# How a route's bodyless requests are served (CompiledRoute.callback, decided once):
+# in the parser's callbacks (NOW: everything it decides is in this process), after
+# one task awaits its limits and admission (AWAIT: a store or a shared breaker to
+# ask, then the same callbacks), or by the ASGI path (ASGI: idempotency, shaping,
+# Concurrency limits, retries).
+NOW, AWAIT, ASGI = 1, 2, 0
+
+
+def _mode(route: CompiledRoute) -> int:
     pool = route.upstream
     rules = route.rules
-    return (
-        route.config.idempotency == "off"
-        and route.delay is None
-        and not route.leased
-        and (rules is None or rules.in_memory)
-        and pool.attempts == 1
-        and not pool._shared
-    )
+    if (
+        route.config.idempotency != "off"
+        or route.delay is not None
+        or route.leased
+        or pool.attempts != 1
+    ):
+        return ASGI
+    return NOW if (rules is None or rules.in_memory) and not pool._shared else AWAIT
 
 
 def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> FastExchange | None:
@@ -75,10 +88,10 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     route = rt.match(scope["path"], method, hostname)
     if route is None:
         return None
-    callback = route.callback
-    if callback is None:  # the route's settings decide it once
-        callback = route.callback = _eligible(route)
-    if not callback:
+    mode = route.callback
+    if mode is None:  # the route's settings decide it once
+        mode = route.callback = _mode(route)
+    if mode == ASGI:
         return None
     pool = route.upstream
     view = ScopeView(scope)
@@ -93,6 +106,15 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         # The same client on every request of the connection, when only its address
         # can name it: named once.
         proto.client_known = (identity, rule, key, client) if identity.per_connection else None
+    if mode == AWAIT:
+        scope[CLIENT_KEY] = key
+        nothing = Held(None, client, False)  # admitted by the task, later
+        exchange = FastExchange(
+            proto, scope, keep_alive, rt, route, pool, nothing, None, time.perf_counter()
+        )
+        exchange.client, exchange.rule = client, rule
+        exchange.waiting = asyncio.get_running_loop().create_task(exchange.admit_then_send(view))
+        return exchange
     turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
@@ -130,13 +152,7 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             pool.turn = turn
             exchange.refuse(limit_refusal(route, decision))
             return exchange
-    exchange.upstream = pool.name
-    headers = request_headers(scope, rt.identity.trusted_peer(view))
-    path = scope["raw_path"]
-    query = scope["query_string"]
-    exchange.sent = time.perf_counter()
-    exchange.request = (method, path + b"?" + query if query else path, headers)
-    exchange.response = pool.client.send_now(conn, *exchange.request, exchange)
+    exchange.send(conn, view)
     return exchange
 
 
@@ -155,6 +171,7 @@ class FastExchange(_Exchange):
         "body",
         "chunked",
         "disconnected",
+        "finished",
         "head",
         "held",
         "keep_alive",
@@ -175,6 +192,7 @@ class FastExchange(_Exchange):
         "sent",
         "started",
         "target",
+        "waiting",
         "whole",
     )
 
@@ -187,7 +205,7 @@ class FastExchange(_Exchange):
         route: CompiledRoute,
         pool: UpstreamPool,
         held: Held,
-        target: Target,
+        target: Target | None,
         started: float,
     ) -> None:
         # _Exchange's fields, set here (one frame less per request)
@@ -195,7 +213,8 @@ class FastExchange(_Exchange):
         self.gone = self.done = False
         self.proto, self.scope, self.keep_alive = proto, scope, keep_alive
         self.method = scope["method"]
-        self.rt, self.route, self.pool, self.held, self.target = rt, route, pool, held, target
+        self.rt, self.route, self.pool, self.held = rt, route, pool, held
+        self.target: Any = target  # a Target once one is picked (the awaited path: later)
         self.started = started
         self.sent = 0.0
         self.response_complete = self.disconnected = False
@@ -210,6 +229,79 @@ class FastExchange(_Exchange):
         self.chunked = False  # the answer's body is framed here (its length is unknown)
         self.pending: list[bytes] = []
         self.on_lost: Any = self.lost
+        self.waiting: asyncio.Task[None] | None = None  # the awaited path's task
+        self.finished = False
+
+    # -- the request, to the upstream connection -----------------------------------------
+
+    def send(self, conn: Any, view: ScopeView) -> None:
+        """Send the request on ``conn`` (idle, to ``self.target``); its answer comes
+        back through the sink methods below."""
+        pool, scope = self.pool, self.scope
+        self.upstream = pool.name
+        headers = request_headers(scope, self.rt.identity.trusted_peer(view))
+        path = scope["raw_path"]
+        query = scope["query_string"]
+        self.sent = time.perf_counter()
+        self.request = (self.method, path + b"?" + query if query else path, headers)
+        self.response = pool.client.send_now(conn, *self.request, self)
+
+    async def admit_then_send(self, view: ScopeView) -> None:
+        """The awaited path (AWAIT): the route's limits, then the upstream's breaker
+        and bulkhead, as the ASGI path decides them; then :meth:`send`. A client that
+        went away meanwhile is seen after each await (what was taken is given back);
+        the task is never cancelled, so nothing taken is lost to a cancellation."""
+        route, pool = self.route, self.pool
+        try:
+            rules = route.rules
+            if rules is not None:
+                decision = await rules.adecide(view, self.method, self.scope["path"])
+                if self.client_left():
+                    return
+                if decision is not None and not decision.allowed:
+                    self.refuse(limit_refusal(route, decision))
+                    return
+            try:
+                held = pool.admit_now(self.client)
+                if held is None:
+                    held = await pool.admit(self.client)
+            except CircuitOpen as exc:
+                if not self.client_left():
+                    detail = f"upstream {pool.name!r} is failing; its circuit is open"
+                    self.refuse(unavailable(exc.remaining, "breaker_open", detail))
+                return
+            if isinstance(held, Refusal):
+                if not self.client_left():
+                    self.refuse(held)
+                return
+            self.held = held
+            if self.client_left():  # gone while admitted: give it all back
+                self._report(None)
+                pool.done(held)
+                return
+            target = self.target = pool.pick()
+            client = pool.client
+            conn = client.take_idle(target.base)
+            if conn is None:
+                try:
+                    conn = await client.acquire(target.base)
+                except (UpstreamError, TimeoutError) as exc:
+                    self.answer_error(exc)
+                    return
+                if self.client_left():
+                    client.idle(conn)
+                    return
+            self.send(conn, view)
+        except Exception:  # a bug must not leave the client without an answer
+            log.exception("gateway error on %s %s", self.method, self.scope["path"])
+            if self.status == 0 and not self.client_left():
+                self.refuse(Refusal.of(502, "gateway error", reason="gateway_error"))
+        finally:
+            self.waiting = None
+
+    def client_left(self) -> bool:
+        """Whether the client went away (read afresh after each await)."""
+        return self.disconnected
 
     # -- the answer, from the upstream connection ---------------------------------------
 
@@ -221,8 +313,11 @@ class FastExchange(_Exchange):
         held = self.held
         permit = held.permit
         if permit is not None:
-            held.permit = None
-            permit.record(failure=failed)
+            if permit.remote:
+                self._report(failed)
+            else:
+                held.permit = None
+                permit.record(failure=failed)
         self.status = status
         length = response.content_length
         bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS
@@ -302,12 +397,9 @@ class FastExchange(_Exchange):
             self.response = None
             self.resend = asyncio.get_running_loop().create_task(self._resend())
             return
-        permit = self.held.permit
         if self.status == 0:  # nothing went out yet: a refusal can
             self.pool.report(self.target, True)
-            if permit is not None:
-                self.held.permit = None
-                permit.record(failure=True)
+            self._report(True)
             name = self.pool.name
             if isinstance(exc, TimeoutError) and not isinstance(exc, UpstreamConnectError):
                 refusal = Refusal.of(504, f"upstream {name!r} timed out", reason="upstream_timeout")
@@ -345,10 +437,7 @@ class FastExchange(_Exchange):
         if response is not None:
             response.sink = None
             response.release()  # an unfinished answer closes its connection
-        permit = self.held.permit
-        if permit is not None:
-            self.held.permit = None
-            permit.release()
+        self._report(None)
         self.outcome, self.status = "client_gone", 499
         self.finish()
 
@@ -358,10 +447,7 @@ class FastExchange(_Exchange):
         self.done = True
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers]
         headers.append((b"content-length", b"%d" % len(refusal.body)))
-        permit = self.held.permit
-        if permit is not None:
-            self.held.permit = None
-            permit.release()
+        self._report(None)
         self.head = response_head(
             refusal.status,
             headers,
@@ -374,13 +460,35 @@ class FastExchange(_Exchange):
         self._complete()
         self.finish()
 
+    def _report(self, failure: bool | None) -> None:
+        """Tell the breaker how the call went (None: it never reached the upstream),
+        once. A permit of a shared breaker reports to the store: in a task, which the
+        answer does not wait for."""
+        held = self.held
+        permit = held.permit
+        if permit is None:
+            return
+        held.permit = None
+        if permit.remote:
+            report = permit.arelease() if failure is None else permit.arecord(failure=failure)
+            task = asyncio.get_running_loop().create_task(report)
+            _REPORTS.add(task)
+            task.add_done_callback(_REPORTS.discard)
+        elif failure is None:
+            permit.release()
+        else:
+            permit.record(failure=failure)
+
     def finish(self) -> None:
         # Also breaks the exchange's reference cycles (answer <-> sink, on_lost ->
         # self), so that it is freed at once rather than by the cyclic collector.
         self.on_lost = None
         self.response = None
-        if self.held.admitted:
-            self.pool.done(self.held)
+        if not self.finished:
+            self.finished = True
+            held = self.held
+            if held.admitted:
+                self.pool.done(held)
             account(self.rt, self.route, self.scope, self, self.started)
 
 

@@ -560,7 +560,21 @@ class H1Pool:
 
     async def connect_to(self, base: str) -> _Connection:
         """A new connection to the target at ``base`` (for :meth:`send_now`)."""
+        self._start()
         return await self._connect(self._endpoint(base))
+
+    async def acquire(self, base: str) -> _Connection:
+        """A connection to the target at ``base`` for :meth:`send_now`: an idle one,
+        else a new one, else (``limit`` reached) the next one that comes free."""
+        self._start()
+        conn, _ = await self._connection(self._endpoint(base))
+        return conn
+
+    def _start(self) -> None:
+        # The loop is known from the first request on (the pool is built before it runs).
+        if not self._started:
+            self._started = True
+            self.loop = asyncio.get_running_loop()
 
     def send_now(
         self,
@@ -604,9 +618,7 @@ class H1Pool:
         ``headers`` go as they are, after ``Host`` (the target's). A bytes body is
         sent with Content-Length, an async iterable chunked.
         """
-        if not self._started:
-            self._started = True
-            self.loop = asyncio.get_running_loop()
+        self._start()
         endpoint = self._endpoint(base)
         head = self._head(endpoint, method, target, headers, body)
         while True:

@@ -72,7 +72,7 @@ class CompiledRoute:
     websocket: WebSocketSettings | None
     leased: dict[str, Any]  # limit name -> limiter, for Concurrency limits
     idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
-    callback: bool | None = None  # served on the callback path (_fastpath.py); None: not asked yet
+    callback: int | None = None  # how the callback path serves it (_fastpath.py); None: not asked
 
     def matches(self, path: str, method: str, host: str | None) -> bool:
         """Prefix (segment-aware), methods and host match."""
