@@ -311,7 +311,7 @@ class Lane:
         self.protected = self.paced or self.breaker is not None or self.budget is not None
         self.gate: QuickGuard | _General | None = _GENERAL
         # The gate when it is the lock-free one with every part (written out inline
-        # on RetryTransport's success paths).
+        # on RetryTransport's success path).
         self.quick: QuickGuard | None = None
         if general:
             return

@@ -318,17 +318,53 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             return call.error(_failure_kind(result), result)
         return await self._aoutcome(call, result)
 
-    # The success path, written out in each of the two methods below: a Python
-    # call costs about as much as everything a plain success needs, so the lane
-    # look-up (HttpFront.lane_of, here by host first), the gate of an origin with
-    # every part (QuickGuard.enter and .settle) and the quota-name check are
-    # inlined rather than shared through helpers; they are one frame. The two
-    # twins differ only in their awaits; tests/client/test_success_path_fronts.py
-    # runs each rule through both (and through RetryAdapter.send, which inlines
-    # only the look-up and calls the gate's methods).
+    # The success path: both front ends below are the same four steps, and only
+    # the send is awaited in one of them. The two sync halves around the send,
+    # _enter() and _passed(), are shared; each writes out what a plain success
+    # needs in one frame (a Python call costs about as much as the whole gate): the
+    # lane look-up (HttpFront.lane_of, here by host first), the lock-free gate of
+    # an origin with every part (QuickGuard.enter and .settle) and the quota-name
+    # check. tests/client/test_success_path_fronts.py runs each rule through both
+    # front ends (and through RetryAdapter.send, which inlines only the look-up and
+    # calls the gate's methods).
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
+        lane, started, ticket = self._enter(request)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
+        try:
+            if request.extensions.get("timeout") != lane.fitting:
+                _cap_first(request, lane)
+            response: Any = inner.handle_request(request)
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        else:
+            if response.status_code < 400 and self._passed(lane, started, ticket, response):
+                return response  # type: ignore[no-any-return]
+        return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self._async_inner or self._async()
+        lane, started, ticket = self._enter(request)
+        if ticket is None:
+            call = self._call(request, lane, started)
+            return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
+        try:
+            if request.extensions.get("timeout") != lane.fitting:
+                _cap_first(request, lane)
+            response: Any = await inner.handle_async_request(request)
+        except BaseException as exc:
+            response = self.broken(lane, exc)
+        else:
+            if response.status_code < 400 and self._passed(lane, started, ticket, response):
+                return response  # type: ignore[no-any-return]
+        return await self._aresume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+
+    def _enter(self, request: httpx.Request) -> tuple[Lane, float, Any]:
+        """A first attempt's lane, when it starts, and its ticket from the lane's
+        gate (None: the general path makes the attempt; nothing was taken)."""
         lane = self.bare_lane
         if lane is None:  # HttpFront.lane_of(), inline: by host first
             url = request.url
@@ -349,70 +385,67 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 else:
                     lane.touch_in -= 1
         started = self.monotonic()
-        gate, quick = lane.gate, lane.quick
+        quick = lane.quick
         if quick is None:
-            ticket: Any = True if gate is None else gate.enter(started)
-        else:  # QuickGuard.enter(started) of a gate with every part, inline
-            core, free, waiters, ring, deposits, pending = quick.parts
-            ticket = core.closed_admission
-            if (
-                ticket is None
-                or waiters
-                or (
-                    (quick.pauses or quick.paced or quick.guard._episode is not None)
-                    and quick.pending_at(started)
-                )
-            ):
-                ticket = None
-            else:
-                try:
-                    free.pop()
-                except IndexError:
-                    ticket = None
-                else:
-                    if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
-                        deposits.append(1)
-                    else:
-                        quick.deposit(started)
-        if ticket is None:
-            call = self._call(request, lane, started)
-            return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
+            gate = lane.gate
+            return lane, started, (True if gate is None else gate.enter(started))
+        # QuickGuard.enter(started) of a gate with every part, inline
+        core, free, waiters, ring, deposits, _ = quick.parts
+        ticket = core.closed_admission
+        if (
+            ticket is None
+            or waiters
+            or (
+                (quick.pauses or quick.paced or quick.guard._episode is not None)
+                and quick.pending_at(started)
+            )
+        ):
+            return lane, started, None
         try:
-            if request.extensions.get("timeout") != lane.fitting:
-                _cap_first(request, lane)
-            response: Any = inner.handle_request(request)
-        except BaseException as exc:
-            response = self.broken(lane, exc)
+            free.pop()
+        except IndexError:
+            return lane, started, None
+        if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
+            deposits.append(1)
         else:
-            if response.status_code < 400:
-                plain = True
-                if lane.observes:
-                    try:  # httpx keeps (raw name, lower-cased name, value) triples
-                        for _, name, _ in response.headers._list:
-                            if name not in _PLAIN_NAMES:
-                                plain = False
-                                break
-                    except AttributeError:  # an httpx that does not: scanned each time
-                        plain = False
-                    plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
-                if plain:
-                    if quick is not None:  # QuickGuard.settle(ticket, started), inline
-                        free.append(None)
-                        if waiters:
-                            quick.hand_out()
-                        now = quick.monotonic()
-                        if (
-                            now < core.quiet_until
-                            and ticket is core.closed_admission
-                            and len(pending) < _BATCH_LESS_ONE
-                        ):
-                            pending.append(1)
-                        else:
-                            quick.record(ticket, started, now)
-                    elif gate is not None:
-                        gate.settle(ticket, started)
-                    return response  # type: ignore[no-any-return]
-        return self._resume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
+            quick.deposit(started)
+        return lane, started, ticket
+
+    def _passed(self, lane: Lane, started: float, ticket: Any, response: Any) -> bool:
+        """Whether a first attempt's success (< 400) ends the call as it is: no
+        header of it names a quota the pacer must learn. Then its gate is settled."""
+        if lane.observes:
+            try:  # httpx keeps (raw name, lower-cased name, value) triples
+                for _, name, _ in response.headers._list:
+                    if name not in _PLAIN_NAMES:
+                        break
+                else:
+                    name = None
+            except AttributeError:  # an httpx that does not: scanned each time
+                name = True
+            if name is not None and not self.quota_free(response.headers, _PLAIN_NAMES):
+                return False
+        quick = lane.quick
+        if quick is None:
+            gate = lane.gate
+            if gate is not None:
+                gate.settle(ticket, started)
+            return True
+        # QuickGuard.settle(ticket, started), inline
+        core, free, waiters, _, _, pending = quick.parts
+        free.append(None)
+        if waiters:
+            quick.hand_out()
+        now = quick.monotonic()
+        if (
+            now < core.quiet_until
+            and ticket is core.closed_admission
+            and len(pending) < _BATCH_LESS_ONE
+        ):
+            pending.append(1)
+        else:
+            quick.record(ticket, started, now)
+        return True
 
     def _lane_by_host(self, ref: Any, url: httpx.URL) -> Lane:
         # The look-up by every part of the URL that decides the origin (scheme,
@@ -443,93 +476,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         # its variables a cell, on every request)
         call = self._call(request, lane, started)
         return resume(call, ticket, lambda: self._first(call, response), self._send(call, inner))
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._async_inner or self._async()
-        lane = self.bare_lane
-        if lane is None:  # as in handle_request
-            url = request.url
-            try:
-                ref = url._uri_reference
-            except AttributeError:
-                lane = self.lane_of(_origin(url), url, _origin)
-            else:
-                lane = self._hosts.get(ref.host)
-                if (
-                    lane is None
-                    or lane.scheme != ref.scheme
-                    or lane.port != ref.port
-                    or lane.generation != self.guards.generation
-                    or lane.touch_in <= 0
-                ):
-                    lane = self._lane_by_host(ref, url)
-                else:
-                    lane.touch_in -= 1
-        started = self.monotonic()
-        gate, quick = lane.gate, lane.quick
-        if quick is None:
-            ticket: Any = True if gate is None else gate.enter(started)
-        else:  # QuickGuard.enter(started) of a gate with every part, inline
-            core, free, waiters, ring, deposits, pending = quick.parts
-            ticket = core.closed_admission
-            if (
-                ticket is None
-                or waiters
-                or (
-                    (quick.pauses or quick.paced or quick.guard._episode is not None)
-                    and quick.pending_at(started)
-                )
-            ):
-                ticket = None
-            else:
-                try:
-                    free.pop()
-                except IndexError:
-                    ticket = None
-                else:
-                    if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
-                        deposits.append(1)
-                    else:
-                        quick.deposit(started)
-        if ticket is None:
-            call = self._call(request, lane, started)
-            return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
-        try:
-            if request.extensions.get("timeout") != lane.fitting:
-                _cap_first(request, lane)
-            response: Any = await inner.handle_async_request(request)
-        except BaseException as exc:
-            response = self.broken(lane, exc)
-        else:
-            if response.status_code < 400:
-                plain = True
-                if lane.observes:
-                    try:  # as in handle_request
-                        for _, name, _ in response.headers._list:
-                            if name not in _PLAIN_NAMES:
-                                plain = False
-                                break
-                    except AttributeError:
-                        plain = False
-                    plain = plain or self.quota_free(response.headers, _PLAIN_NAMES)
-                if plain:
-                    if quick is not None:  # QuickGuard.settle(ticket, started), inline
-                        free.append(None)
-                        if waiters:
-                            quick.hand_out()
-                        now = quick.monotonic()
-                        if (
-                            now < core.quiet_until
-                            and ticket is core.closed_admission
-                            and len(pending) < _BATCH_LESS_ONE
-                        ):
-                            pending.append(1)
-                        else:
-                            quick.record(ticket, started, now)
-                    elif gate is not None:
-                        gate.settle(ticket, started)
-                    return response  # type: ignore[no-any-return]
-        return await self._aresume(request, lane, started, ticket, response, inner)  # type: ignore[no-any-return]
 
     async def _aresume(
         self,

@@ -120,7 +120,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        # As RetryTransport.handle_request (written out there too): the lane's gate
+        # As RetryTransport's success path (client/_httpx.py): the lane's gate
         # first, the general path of client/_front.py for anything but a plain success.
         lane = self.bare_lane
         if lane is None:  # HttpFront.lane_of(), inline

@@ -23,19 +23,18 @@ def client_id(key: str) -> str:
 class ClientIdentity:
     """Names the client of a request: ``(rule, key)`` from the first rule present."""
 
-    __slots__ = ("_address", "_keys")
+    __slots__ = ("_address", "_keys", "per_connection")
 
     def __init__(self, rules: Sequence[str], trusted_proxies: Sequence[str]) -> None:
         self._address = ClientAddress.of(trusted_proxies)
         self._keys: tuple[tuple[str, KeyFunc], ...] = tuple(
             (rule, compile_key(rule, self._address)) for rule in rules
         )
-
-    @property
-    def per_connection(self) -> bool:
-        """Whether a connection's requests all name the same client: every rule is
-        ``ip`` and no proxy is trusted, so the key is the peer's address."""
-        return not self._address.trusted_proxies and all(rule == "ip" for rule, _ in self._keys)
+        # Whether a connection's requests all name the same client: every rule is
+        # `ip` and no proxy is trusted, so the key is the peer's address.
+        self.per_connection = not self._address.trusted_proxies and all(
+            rule == "ip" for rule in rules
+        )
 
     def ip(self, view: RequestView) -> str:
         """The client address (forwarded headers believed only from trusted proxies)."""

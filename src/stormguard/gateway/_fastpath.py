@@ -310,14 +310,7 @@ class FastExchange(_Exchange):
         status = response.status
         failed = status >= 500
         self.pool.report(self.target, failed)
-        held = self.held
-        permit = held.permit
-        if permit is not None:
-            if permit.remote:
-                self._report(failed)
-            else:
-                held.permit = None
-                permit.record(failure=failed)
+        self._report(failed)
         self.status = status
         length = response.content_length
         bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS
@@ -351,19 +344,7 @@ class FastExchange(_Exchange):
             body = b""
         if self.chunked:
             body += b"0\r\n\r\n"
-        if not self.disconnected:  # _write() and _complete(), inline
-            head = self.head
-            if head:
-                self.head = b""
-                body = head + body
-            proto = self.proto
-            if body:
-                proto.transport.write(body)
-            self.response_complete = True
-            if not self.keep_alive:
-                proto.transport.close()
-            proto.on_response_complete()
-        self.finish()
+        self._end(body)
 
     def _write(self, data: bytes) -> None:
         # The head goes out with the first body bytes (one write, one segment).
@@ -376,15 +357,17 @@ class FastExchange(_Exchange):
         if data:
             self.proto.transport.write(data)
 
-    def _complete(self) -> None:
-        # The answer is out: what uvicorn's cycle does at its last body message.
-        if self.disconnected:
-            return
-        self.response_complete = True
-        proto = self.proto
-        if not self.keep_alive:
-            proto.transport.close()
-        proto.on_response_complete()
+    def _end(self, body: bytes) -> None:
+        # The answer's last bytes (with its head, if it is still held), what
+        # uvicorn's cycle does at its last body message, then the books.
+        if not self.disconnected:
+            self._write(body)
+            self.response_complete = True
+            proto = self.proto
+            if not self.keep_alive:
+                proto.transport.close()
+            proto.on_response_complete()
+        self.finish()
 
     def answer_error(self, exc: BaseException) -> None:
         response = self.response
@@ -456,9 +439,7 @@ class FastExchange(_Exchange):
             False,
             via=False,
         )
-        self._write(b"" if self.method == "HEAD" else refusal.body)
-        self._complete()
-        self.finish()
+        self._end(b"" if self.method == "HEAD" else refusal.body)
 
     def _report(self, failure: bool | None) -> None:
         """Tell the breaker how the call went (None: it never reached the upstream),

@@ -587,17 +587,7 @@ class H1Pool:
         """Send a bodyless request on ``conn`` (from :meth:`take_idle`); ``sink``
         hears the answer. Errors reach ``sink.error``, never the caller."""
         response = H1Response(conn, sink)
-        # conn.begin() for a sink (nobody awaits the head), inline
-        conn.response = response
-        conn.received = conn.until_eof = False
-        conn.head_request = method == "HEAD"
-        conn.headers_ready = None
-        conn.last_read = now = self.loop.time()
-        total = self.total_timeout
-        conn.deadline = now + total if total else 0.0
-        self.busy.add(conn)  # watch(), inline
-        if self._sweeper is None:
-            self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
+        conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
         assert conn.transport is not None
         conn.transport.write(self._head(conn.endpoint, method, target, headers, None))
         return response

@@ -23,9 +23,10 @@
 # can fail; it comes before the count, which cannot.
 #
 # QuickGuard.enter() and .settle() below are the gate. RetryTransport's success
-# paths (client/_httpx.py) write them out inline for a gate with every part (the
-# call would cost as much as the gate): a change to the rules here is made there
-# too, and tests/client/test_success_path_fronts.py runs each through both.
+# path (client/_httpx.py: _enter and _passed, shared by its sync and async front
+# ends) writes them out inline for a gate with every part (the call would cost as
+# much as the gate): a change to the rules here is made there too, and
+# tests/client/test_success_path_fronts.py runs each through both.
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -73,8 +74,8 @@ class QuickGuard:
     the outcome; ``abandon()`` ends an attempt that never ended (cancelled).
 
     For a gate with every part (``parts``: breaker core, bulkhead free list and
-    waiters, budget ring and deposits, breaker queue), RetryTransport's two
-    success paths write ``enter()`` and ``settle()``'s success case out inline
+    waiters, budget ring and deposits, breaker queue), RetryTransport's success
+    path writes ``enter()`` and ``settle()``'s success case out inline
     (client/_httpx.py: a call costs as much as the whole gate); ``deposit()``,
     ``hand_out()`` and ``record()`` are their slow branches, ``pending_at()``
     their look at pauses and pacing.
