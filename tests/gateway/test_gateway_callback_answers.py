@@ -6,6 +6,8 @@ the upstream's answer comes back as canned bytes, and the test reads what the
 client would receive. No socket, so every answer shape an upstream may send can
 be played exactly, and each request is known to take the callback path (a
 request the callback path declines would reach no upstream connection here).
+What the callback path holds for the end of a loop pass (the listener's outbox)
+is flushed before the test reads, as the loop's next turn would.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class _Bench:
     def request(self, raw: bytes) -> bytes:
         """The client sends ``raw``; what the upstream received (b"" if nothing)."""
         self.proto.data_received(raw)
+        self.proto.outbox.flush()
         upstream = self.conn.transport
         assert isinstance(upstream, _Transport)
         return upstream.take()
@@ -76,6 +79,7 @@ class _Bench:
         """The upstream answers with ``pieces`` (one read each); what the client got."""
         for piece in pieces:
             self.conn.data_received(piece)
+        self.proto.outbox.flush()
         return self.client.take()
 
 
@@ -147,6 +151,7 @@ async def test_a_plain_answer_is_one_write_with_via_and_no_hop_by_hop_header(ben
     assert sent.startswith(b"GET /items?page=2 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n")
     assert b"X-Forwarded-For: 10.1.2.3\r\n" in sent and b"X-Forwarded-Host: api.example\r\n" in sent
     b.conn.data_received(OK)
+    b.proto.outbox.flush()
     assert len(b.client.out) == 1  # head and body in one write
     lines, body = _head_and_body(b.client.take())
     assert lines == [
@@ -201,6 +206,7 @@ async def test_an_answer_ending_with_its_connection_reaches_the_client_chunked(
     b.request(GET)
     first = b.answer(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-", b"eof")
     b.conn.connection_lost(None)  # the upstream closes: the answer is complete
+    b.proto.outbox.flush()
     lines, body = _head_and_body(first + b.client.take())
     assert b"transfer-encoding: chunked" in lines
     assert body == b"6\r\nuntil-\r\n3\r\neof\r\n0\r\n\r\n"
@@ -252,6 +258,54 @@ async def test_a_large_answer_streams_as_it_arrives(bench: Any) -> None:
     assert b"content-length: %d" % size in lines and body == b"x" * 1000
     rest = b.answer(b"y" * (size - 1000))
     assert rest == b"y" * (size - 1000) and b.proto.cycle.response_complete
+
+
+async def test_the_request_and_a_small_answer_go_out_at_the_loops_next_turn(bench: Any) -> None:
+    """The callback path's writes wait for the rest of the loop pass, no longer."""
+    b = await bench()
+    upstream = b.conn.transport
+    assert isinstance(upstream, _Transport)
+    b.proto.data_received(GET)
+    assert upstream.out == []  # held for the pass's other callbacks
+    await asyncio.sleep(0)
+    assert upstream.take().startswith(b"GET /items?page=2 HTTP/1.1\r\n")
+    b.conn.data_received(OK)
+    assert b.client.out == [] and b.proto.cycle.response_complete
+    await asyncio.sleep(0)
+    assert b.client.take().endswith(b"\r\n\r\nok")
+
+
+async def test_a_streamed_answer_pauses_the_upstream_while_the_client_cannot_take_more(
+    bench: Any,
+) -> None:
+    """Back-pressure: a streamed body goes out at once; while the client's transport is
+    over its high-water mark the upstream connection is not read, after it is again."""
+    b = await bench()
+    b.request(GET)
+    size = 1_000_000
+    b.conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * 1000)
+    assert b.client.out and not b.conn.paused  # written at once, not held
+    b.proto.pause_writing()  # the client reads slower than the upstream writes
+    b.conn.data_received(b"x" * 100_000)
+    assert b.conn.paused
+    b.proto.resume_writing()
+    assert not b.conn.paused
+    b.conn.data_received(b"x" * (size - 101_000))
+    _, body = _head_and_body(b.client.take())
+    assert body == b"x" * size and b.proto.cycle.response_complete
+    assert b.conn in b.conn.endpoint.idle
+
+
+async def test_a_bad_request_after_a_refusal_is_answered_after_it(bench: Any) -> None:
+    """uvicorn's own 400 on the connection goes out after the refusal held before it."""
+    b = await bench({"one": {"algorithm": "token_bucket", "rate": 0.001, "burst": 1}})
+    assert b.request(GET)
+    b.answer(OK)
+    b.proto.data_received(GET + b"NOT HTTP\r\n\r\n")  # refused, then unparseable
+    answers = b.client.take()
+    assert answers.startswith(b"HTTP/1.1 429 ")
+    assert answers.index(b"HTTP/1.1 400 ") > answers.index(b"HTTP/1.1 429 ")
+    assert b.client.closed
 
 
 async def test_a_limited_request_is_refused_without_reaching_the_upstream(bench: Any) -> None:

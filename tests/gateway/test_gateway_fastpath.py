@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from net_support import POLL_INTERVAL
 from stormguard.gateway._config import parse_config
 from stormguard.gateway._fastpath import begin
 from stormguard.gateway._metrics import GatewayMetrics
@@ -69,6 +71,49 @@ def test_head_and_streamed_answers_on_a_warm_connection(
             assert answer.headers["via"].endswith("1.1 stormguard")
             assert b"".join(answer.iter_bytes()) == b"chunk0\nchunk1\nchunk2\n"
         assert client.get(f"{gw.url}/big?n=70000").content == b"x" * 70000
+
+
+def test_keep_alive_connection_serves_requests_one_after_another(
+    upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """Requests sent one at a time on one connection are each answered, in turn."""
+    up = upstream_factory()
+    gw = _gateway(gateway_factory, up)
+    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
+    with socket.create_connection(("127.0.0.1", gw.http_port), timeout=10) as sock:
+        for n in range(20):
+            sock.sendall(b"GET /echo?n=%d HTTP/1.1\r\nHost: x\r\n\r\n" % n)
+            (answer,) = _read_answers(sock, 1)
+            assert answer.startswith(b"HTTP/1.1 200 OK") and b'"/echo?n=%d"' % n in answer
+
+
+def test_a_slow_reader_gets_a_large_body_whole(
+    upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """A client that reads long after the answer began (the gateway's buffer to it
+    fills, the upstream is paused and resumed) still gets every byte, once."""
+    up = upstream_factory()
+    gw = _gateway(gateway_factory, up)
+    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
+    size = 8_000_000
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", gw.http_port))
+        sock.sendall(b"GET /big?n=%d HTTP/1.1\r\nHost: x\r\n\r\n" % size)
+        time.sleep(10 * POLL_INTERVAL)  # not reading: the buffers on the way fill up
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"content-length: %d" % size in head
+        received = len(body)
+        while received < size:
+            chunk = sock.recv(65536)
+            assert chunk and chunk.count(b"x") == len(chunk)
+            received += len(chunk)
+        assert received == size
+    assert httpx.get(f"{gw.url}/echo").status_code == 200
 
 
 def test_vanished_client_on_a_warm_connection_frees_its_slot(

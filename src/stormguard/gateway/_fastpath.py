@@ -164,7 +164,9 @@ class FastExchange(_Exchange):
     ``disconnected``, ``keep_alive``, ``more_body``, ``body``, ``message_event``);
     the answer goes straight to the client's transport: its head is rendered in one
     pass from the upstream's raw headers (:func:`_wire.response_head`) and written
-    with the body -- one write for a small answer.
+    with the body -- one write for a small answer. The request to the upstream and
+    a small answer go out with the rest of the loop pass's (the listener's outbox,
+    _outbox.py); a streamed body goes out at once.
     """
 
     __slots__ = (
@@ -244,7 +246,7 @@ class FastExchange(_Exchange):
         query = scope["query_string"]
         self.sent = time.perf_counter()
         self.request = (self.method, path + b"?" + query if query else path, headers)
-        self.response = pool.client.send_now(conn, *self.request, self)
+        self.response = pool.client.send_now(conn, *self.request, self, self.proto.outbox)
 
     async def admit_then_send(self, view: ScopeView) -> None:
         """The awaited path (AWAIT): the route's limits, then the upstream's breaker
@@ -347,7 +349,9 @@ class FastExchange(_Exchange):
         self._end(body)
 
     def _write(self, data: bytes) -> None:
-        # The head goes out with the first body bytes (one write, one segment).
+        # A streamed body's bytes, at once, so that the client's back-pressure is
+        # seen as they go (answer_body); the head goes out with the first of them
+        # (one write, one segment).
         if self.disconnected:
             return
         head = self.head
@@ -355,16 +359,29 @@ class FastExchange(_Exchange):
             self.head = b""
             data = head + data
         if data:
-            self.proto.transport.write(data)
+            proto = self.proto
+            proto.outbox.flush()  # what the pass wrote before goes first
+            proto.transport.write(data)
 
     def _end(self, body: bytes) -> None:
-        # The answer's last bytes (with its head, if it is still held), what
-        # uvicorn's cycle does at its last body message, then the books.
+        # The answer's last bytes (with its head, if it is still held) go out with
+        # the pass's other writes; what uvicorn's cycle does at its last body
+        # message, then the books.
         if not self.disconnected:
-            self._write(body)
+            head = self.head
+            if head:
+                self.head = b""
+                body = head + body
             self.response_complete = True
             proto = self.proto
-            if not self.keep_alive:
+            outbox = proto.outbox
+            if self.keep_alive:
+                if body:
+                    outbox.write(proto.transport, body)
+            else:  # written and closed now, in order
+                outbox.flush()
+                if body:
+                    proto.transport.write(body)
                 proto.transport.close()
             proto.on_response_complete()
         self.finish()
@@ -392,6 +409,7 @@ class FastExchange(_Exchange):
             return
         # The status line was decided: the answer can only be cut.
         self.outcome = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error"
+        self.proto.outbox.flush()
         self.proto.transport.close()
         self.finish()
 
@@ -405,7 +423,7 @@ class FastExchange(_Exchange):
         if not self.held.admitted:  # the client went away meanwhile
             client.idle(conn)
             return
-        self.response = client.send_now(conn, *self.request, self)
+        self.response = client.send_now(conn, *self.request, self, self.proto.outbox)
 
     def resumed(self) -> None:
         """The client's socket drained: read the upstream again."""

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from ._config import Timeout
+from ._outbox import Outbox
 
 __all__ = [
     "ConnectTimeout",
@@ -583,13 +584,15 @@ class H1Pool:
         target: bytes,
         headers: list[tuple[bytes, bytes]],
         sink: Sink,
+        outbox: Outbox,
     ) -> H1Response:
-        """Send a bodyless request on ``conn`` (from :meth:`take_idle`); ``sink``
-        hears the answer. Errors reach ``sink.error``, never the caller."""
+        """Send a bodyless request on ``conn`` (from :meth:`take_idle`) with the
+        loop pass's other writes (``outbox``); ``sink`` hears the answer. Errors reach
+        ``sink.error``, never the caller."""
         response = H1Response(conn, sink)
         conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
         assert conn.transport is not None
-        conn.transport.write(self._head(conn.endpoint, method, target, headers, None))
+        outbox.write(conn.transport, self._head(conn.endpoint, method, target, headers, None))
         return response
 
     # -- the exchange -------------------------------------------------------------------

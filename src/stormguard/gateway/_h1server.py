@@ -14,6 +14,9 @@
 # * the client's disconnect is reported to whoever registered for it
 #   (`scope[DISCONNECT]`), so the proxy leg needs no watcher task to cancel the
 #   upstream exchange.
+# * the callback path's writes of one loop pass go out together (`outbox`, one
+#   per listener, _outbox.py); what uvicorn writes or closes directly here is
+#   preceded by a flush, so that a connection's bytes keep their order.
 from __future__ import annotations
 
 import asyncio
@@ -28,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from ._outbox import Outbox
 from ._wire import DISCONNECT
 
 __all__ = ["GatewayProtocol", "LeanCycle", "gateway_protocol"]
@@ -150,6 +154,8 @@ class GatewayProtocol(HttpToolsProtocol):
     # limits for that client (_fastpath.begin; RuleSet.plain_limits).
     limits_known: tuple[Any, list[tuple[Any, str, str]]] | None = None
     _asgi: dict[str, str]  # per connection (connection_made)
+    # The callback path's writes of one loop pass (per listener class, like _watched).
+    outbox: ClassVar[Outbox] = Outbox()
     _idle_close = False  # the timer also stands for the keep-alive deadline
 
     # -- the one deadline, checked by a sweep ---------------------------------------------
@@ -203,6 +209,14 @@ class GatewayProtocol(HttpToolsProtocol):
         resumed = getattr(self.cycle, "resumed", None)
         if resumed is not None:
             resumed()
+
+    def send_400_response(self, msg: str) -> None:
+        self.outbox.flush()  # an earlier answer on this connection goes first
+        super().send_400_response(msg)
+
+    def shutdown(self) -> None:
+        self.outbox.flush()  # a complete answer is not cut by the close
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -327,5 +341,10 @@ def gateway_protocol(header_timeout: float) -> type[GatewayProtocol]:
     return type(
         "GatewayProtocol",
         (GatewayProtocol,),
-        {"header_timeout": header_timeout, "_watched": set(), "_sweep_every": every},
+        {
+            "header_timeout": header_timeout,
+            "_watched": set(),
+            "_sweep_every": every,
+            "outbox": Outbox(),
+        },
     )
