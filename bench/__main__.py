@@ -19,6 +19,7 @@ BENCHMARKS = {
     "fuzz_scenarios": "bench.fuzz_scenarios",
     "server": "bench.bench_server",
     "gateway": "bench.bench_gateway",
+    "gateway-counts": "bench.bench_gateway_counts",
     "gateway-grpc": "bench.bench_gateway_grpc",
     "http": "bench.bench_http",
 }
