@@ -372,7 +372,7 @@ async def test_kept_limit_keys_still_refuse_at_the_limit(bench: Any) -> None:
     """Requests after the first decide on the kept keys: the quota still runs out."""
     b = await bench(
         {
-            "three": {"algorithm": "fixed_window", "limit": 3, "window": 60},
+            "three": {"algorithm": "sliding_window", "limit": 3, "window": 60},
             "all": {"algorithm": "token_bucket", "rate": 1, "burst": 99, "per": "global"},
         }
     )

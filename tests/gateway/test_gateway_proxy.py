@@ -165,7 +165,7 @@ def test_limit_admits_exactly_n_per_client(
         limits=["pc"],
         extra={
             "clients": {"key": ["header:X-API-Key", "ip"]},
-            "limits": {"pc": {"algorithm": "fixed_window", "limit": 3, "window": 60}},
+            "limits": {"pc": {"algorithm": "sliding_window", "limit": 3, "window": 60}},
         },
     )
     alice = {"X-API-Key": "alice-secret"}
@@ -202,8 +202,8 @@ def test_global_limit_refusal_takes_nothing_from_client_quota(
         extra={
             "clients": {"key": ["header:X-API-Key"]},
             "limits": {
-                "pc": {"algorithm": "fixed_window", "limit": 2, "window": 60},
-                "all": {"algorithm": "fixed_window", "limit": 3, "window": 60, "per": "global"},
+                "pc": {"algorithm": "sliding_window", "limit": 2, "window": 60},
+                "all": {"algorithm": "sliding_window", "limit": 3, "window": 60, "per": "global"},
             },
         },
     )

@@ -23,8 +23,8 @@ def _config(redis: Any, up: Any, **extra: Any) -> dict[str, Any]:
         "clients": {"key": ["header:X-API-Key", "ip"]},
         "upstreams": {"a": {"url": up.url, **upstream}},
         "limits": {
-            "pc": {"algorithm": "fixed_window", "limit": 5, "window": 600},
-            "all": {"algorithm": "fixed_window", "limit": 8, "window": 600, "per": "global"},
+            "pc": {"algorithm": "sliding_window", "limit": 5, "window": 600},
+            "all": {"algorithm": "sliding_window", "limit": 8, "window": 600, "per": "global"},
         },
         "routes": [{"path": "/", "upstream": "a", "limits": ["pc", "all"], **route}],
         **extra,

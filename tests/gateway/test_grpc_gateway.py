@@ -39,7 +39,7 @@ upstreams:
     url: {upstream}
     breaker: {{min_calls: 2, failure_rate: 0.5, open_for: 30}}
 limits:
-  per-client: {{algorithm: fixed_window, limit: {limit}, window: 60, per: client}}
+  per-client: {{algorithm: sliding_window, limit: {limit}, window: 60, per: client}}
 routes:
   - grpc: {service}
     upstream: echo
