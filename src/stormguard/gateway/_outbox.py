@@ -46,7 +46,11 @@ class Outbox:
             call_soon = self._call_soon
             if call_soon is None:
                 call_soon = self._call_soon = asyncio.get_running_loop().call_soon
-            call_soon(self.flush)
+            try:
+                call_soon(self.flush)
+            except RuntimeError:  # the loop it was found on has closed: this one's
+                call_soon = self._call_soon = asyncio.get_running_loop().call_soon
+                call_soon(self.flush)
         held.append((transport, data))
 
     def flush(self) -> None:
