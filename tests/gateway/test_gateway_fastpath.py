@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,14 +41,20 @@ def _read_answers(sock: socket.socket, n: int) -> list[bytes]:
     return [b"HTTP/1.1 " + part for part in data.split(b"HTTP/1.1 ")[1:]]
 
 
+@contextmanager
+def _warm_connection(upstream_factory: Factory, gateway_factory: Factory) -> Iterator[Any]:
+    """A client connection to a gateway that already holds an idle upstream connection."""
+    gw = _gateway(gateway_factory, upstream_factory())
+    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
+    with socket.create_connection(("127.0.0.1", gw.http_port), timeout=10) as sock:
+        yield sock
+
+
 def test_pipelined_requests_are_answered_in_order(
     upstream_factory: Factory, gateway_factory: Factory
 ) -> None:
     """Two requests sent in one write come back in order on the same connection."""
-    up = upstream_factory()
-    gw = _gateway(gateway_factory, up)
-    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
-    with socket.create_connection(("127.0.0.1", gw.http_port), timeout=10) as sock:
+    with _warm_connection(upstream_factory, gateway_factory) as sock:
         sock.sendall(
             b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo?n=2 HTTP/1.1\r\nHost: x\r\n\r\n"
         )
@@ -77,10 +84,7 @@ def test_keep_alive_connection_serves_requests_one_after_another(
     upstream_factory: Factory, gateway_factory: Factory
 ) -> None:
     """Requests sent one at a time on one connection are each answered, in turn."""
-    up = upstream_factory()
-    gw = _gateway(gateway_factory, up)
-    assert httpx.get(f"{gw.url}/echo").status_code == 200  # an idle upstream connection
-    with socket.create_connection(("127.0.0.1", gw.http_port), timeout=10) as sock:
+    with _warm_connection(upstream_factory, gateway_factory) as sock:
         for n in range(20):
             sock.sendall(b"GET /echo?n=%d HTTP/1.1\r\nHost: x\r\n\r\n" % n)
             (answer,) = _read_answers(sock, 1)
