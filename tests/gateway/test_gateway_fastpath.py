@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -14,7 +13,6 @@ import httpx
 import pytest
 import yaml
 
-from net_support import POLL_INTERVAL
 from stormguard.gateway._config import parse_config
 from stormguard.gateway._fastpath import begin
 from stormguard.gateway._metrics import GatewayMetrics
@@ -92,7 +90,7 @@ def test_keep_alive_connection_serves_requests_one_after_another(
 
 
 def test_a_slow_reader_gets_a_large_body_whole(
-    upstream_factory: Factory, gateway_factory: Factory
+    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
     """A client that reads long after the answer began (the gateway's buffer to it
     fills, the upstream is paused and resumed) still gets every byte, once."""
@@ -105,7 +103,9 @@ def test_a_slow_reader_gets_a_large_body_whole(
         sock.settimeout(30)
         sock.connect(("127.0.0.1", gw.http_port))
         sock.sendall(b"GET /big?n=%d HTTP/1.1\r\nHost: x\r\n\r\n" % size)
-        time.sleep(10 * POLL_INTERVAL)  # not reading: the buffers on the way fill up
+        # Not reading yet: 8 MB cannot fit in the buffers on the way, so the
+        # exchange stays in flight (the upstream paused) until the client reads.
+        eventually(lambda: gw.status()["upstreams"]["a"]["in_flight"] == 1)
         data = b""
         while b"\r\n\r\n" not in data:
             data += sock.recv(65536)
