@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import uvicorn
 import yaml
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from stormguard.gateway._app import Gateway
@@ -306,6 +307,27 @@ async def test_a_bad_request_after_a_refusal_is_answered_after_it(bench: Any) ->
     assert answers.startswith(b"HTTP/1.1 429 ")
     assert answers.index(b"HTTP/1.1 400 ") > answers.index(b"HTTP/1.1 429 ")
     assert b.client.closed
+
+
+async def test_a_websocket_upgrade_after_a_refusal_finds_it_sent(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The WebSocket protocol writes the connection directly: what the pass held
+    for it (a refusal) has gone out before the protocol takes over."""
+    b = await bench({"one": {"algorithm": "token_bucket", "rate": 0.001, "burst": 1}})
+    assert b.request(GET)
+    b.answer(OK)
+    found: list[bytes] = []
+    monkeypatch.setattr(
+        HttpToolsProtocol, "handle_websocket_upgrade", lambda self: found.append(b.client.take())
+    )
+    upgrade = (
+        b"GET /ws HTTP/1.1\r\nHost: api.example\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n"
+    )
+    b.proto.data_received(GET + upgrade)  # refused (held), then an upgrade
+    assert len(found) == 1 and found[0].startswith(b"HTTP/1.1 429 ")
 
 
 async def test_a_limited_request_is_refused_without_reaching_the_upstream(bench: Any) -> None:

@@ -218,6 +218,10 @@ class GatewayProtocol(HttpToolsProtocol):
         self.outbox.flush()  # a complete answer is not cut by the close
         super().shutdown()
 
+    def handle_websocket_upgrade(self) -> None:
+        self.outbox.flush()  # the WebSocket protocol writes the transport directly
+        super().handle_websocket_upgrade()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         cycle = self.cycle
