@@ -104,6 +104,33 @@ async def test_async_full_without_waiting() -> None:
             await now.aacquire()
 
 
+async def test_async_slot_taken_without_looking_up_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A free slot is taken without asyncio.get_running_loop() (a getpid() syscall on
+    Python 3.11); only a caller that must queue looks the loop up."""
+    from stormguard.protection import _bulkhead
+
+    looked: list[object] = []
+    real = asyncio.get_running_loop
+
+    def counting() -> asyncio.AbstractEventLoop:
+        looked.append(None)
+        return real()
+
+    monkeypatch.setattr(_bulkhead.asyncio, "get_running_loop", counting)
+    bulkhead = Bulkhead(1, max_wait=30.0)
+    await bulkhead.aacquire()
+    assert looked == []
+    waiting = asyncio.ensure_future(bulkhead.aacquire())
+    await asyncio.sleep(0)
+    assert len(looked) == 1 and not waiting.done()  # queued on this loop
+    bulkhead.release()
+    await waiting
+    bulkhead.release()
+    assert bulkhead.in_flight == 0
+
+
 async def test_cancelled_waiter_does_not_lose_a_slot() -> None:
     """A task cancelled while waiting leaves the slots as they were."""
     bulkhead = Bulkhead(1, max_wait=30.0)

@@ -113,7 +113,8 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             proto, scope, keep_alive, rt, route, pool, nothing, None, time.perf_counter()
         )
         exchange.client, exchange.rule = client, rule
-        exchange.waiting = asyncio.get_running_loop().create_task(exchange.admit_then_send(view))
+        # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
+        exchange.waiting = proto.loop.create_task(exchange.admit_then_send(view))
         return exchange
     turn = pool.turn
     ready = pool.pick_ready()
@@ -395,7 +396,7 @@ class FastExchange(_Exchange):
             # keep-alive ran out): nothing was processed, and every method here is
             # idempotent -- send it once more, on a new connection (as H1Pool.request).
             self.response = None
-            self.resend = asyncio.get_running_loop().create_task(self._resend())
+            self.resend = self.proto.loop.create_task(self._resend())
             return
         if self.status == 0:  # nothing went out yet: a refusal can
             self.pool.report(self.target, True)
@@ -470,7 +471,7 @@ class FastExchange(_Exchange):
         held.permit = None
         if permit.remote:
             report = permit.arelease() if failure is None else permit.arecord(failure=failure)
-            task = asyncio.get_running_loop().create_task(report)
+            task = self.proto.loop.create_task(report)
             _REPORTS.add(task)
             task.add_done_callback(_REPORTS.discard)
         elif failure is None:

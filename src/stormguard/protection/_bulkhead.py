@@ -42,6 +42,13 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def _async_waiter() -> _Waiter:
+    # The running loop is looked up only for a caller that must queue (on Python
+    # 3.11 asyncio.get_running_loop() is a getpid() syscall).
+    loop = asyncio.get_running_loop()
+    return _Waiter(loop=loop, future=loop.create_future())
+
+
 class _Waiter:
     __slots__ = ("event", "future", "granted", "loop")
 
@@ -190,8 +197,7 @@ class Bulkhead(Scope, AsyncScope, Decorator):
     async def aacquire(self, max_wait: float | None = None) -> None:
         """Async twin of :meth:`acquire`."""
         max_wait = self._wait_for(max_wait)
-        loop = asyncio.get_running_loop()
-        waiter = self._queue(max_wait, lambda: _Waiter(loop=loop, future=loop.create_future()))
+        waiter = self._queue(max_wait, _async_waiter)
         if waiter is None:
             return
         start = self._clock.monotonic()
