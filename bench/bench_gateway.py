@@ -11,10 +11,13 @@ Contenders, all in front of the same upstream (an nginx worker answering a fixed
 * ``stormguard gateway`` with a per-client limit, a global limit and a breaker on,
   with the memory store and with Redis (a redis-server started for the run).
 
-Every proxy runs one worker process. Figures are ratios against nginx's
-pass-through req/s measured in the same run; absolute numbers are noise on shared
-machines. Where wrk, nginx or redis-server is missing the bench says so and skips
-what needs it.
+Every proxy runs one worker process, started afresh for each of its runs. The
+50-connection runs go in three rounds, each round running every contender in turn,
+so that whatever else the machine does in a stretch of time falls on all of them.
+A contender's ratio against nginx's pass-through req/s is taken within each round;
+the table shows the median of the rounds' ratios and their range, and medians of
+req/s and latencies. Absolute numbers are noise on shared machines. Where
+wrk, nginx or redis-server is missing the bench says so and skips what needs it.
 """
 
 from __future__ import annotations
@@ -23,17 +26,21 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 CONNECTIONS = 50
+# Rounds of the 50-connection runs, the contenders interleaved within each.
+ROUNDS = 3
 
 
 def _free_port() -> int:
@@ -201,20 +208,25 @@ def _redis_round_trips(port: int, gateway: int, seconds: int) -> float | None:
 
 
 class _Row:
-    """One contender: wrk at CONNECTIONS and at one connection, and store round trips."""
+    """One contender: wrk at CONNECTIONS (one run per round), then at one connection,
+    and store round trips."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.rps = self.p50 = self.p99 = 0.0
+    def __init__(self, name: str, port: int, redis_port: int | None = None) -> None:
+        self.name, self.port, self.redis_port = name, port, redis_port
+        self.runs: list[tuple[float, float, float]] = []  # (req/s, p50, p99) per round
         self.p50_1 = self.p99_1 = 0.0
         self.round_trips: float | None = None
 
-    def measure(self, port: int, seconds: int, redis_port: int | None = None) -> _Row:
-        self.rps, self.p50, self.p99, _ = _wrk(port, seconds)
-        _, self.p50_1, self.p99_1, _ = _wrk(port, max(1, seconds // 2), connections=1)
-        if redis_port is not None:
-            self.round_trips = _redis_round_trips(redis_port, port, max(1, seconds // 2))
-        return self
+    def measure_load(self, seconds: int) -> None:
+        self.runs.append(_wrk(self.port, seconds)[:3])
+
+    def measure_one(self, seconds: int) -> None:
+        _, self.p50_1, self.p99_1, _ = _wrk(self.port, max(1, seconds // 2), connections=1)
+        if self.redis_port is not None:
+            self.round_trips = _redis_round_trips(self.redis_port, self.port, max(1, seconds // 2))
+
+    def median(self, field: int) -> float:
+        return statistics.median(run[field] for run in self.runs)
 
 
 def _ms(value: str) -> float:
@@ -240,76 +252,91 @@ def _warm(port: int) -> None:
 
 
 def main(quick: bool) -> None:
-    """Run the gateway benchmark (``quick``: 2 s per contender instead of 8)."""
-    seconds = 2 if quick else 8
+    """Run the gateway benchmark (``quick``: one round of 2 s per contender instead of
+    three rounds of 8 s)."""
+    seconds, rounds = (2, 1) if quick else (8, ROUNDS)
     if shutil.which("wrk") is None:
         print("wrk is not installed (Debian package 'wrk'): gateway bench skipped")
         return
-    have_nginx = shutil.which("nginx") is not None
-    if not have_nginx:
-        print("nginx is not installed (Debian package 'nginx'): nginx rows and upstream skipped")
+    if shutil.which("nginx") is None:
+        print("nginx is not installed (Debian package 'nginx'): gateway bench skipped")
         return
-    rows: list[_Row] = []
-    with tempfile.TemporaryDirectory(prefix="stormguard-bench-gw-") as tmp:
-        workdir = Path(tmp)
-        up_port = _free_port()
-        cmd, _ = _nginx(workdir, "upstream", _upstream_block(up_port))
-        with _process(cmd, up_port):
-            rows.append(_Row("upstream direct").measure(up_port, seconds))
-            for name, limit in (("nginx pass-through", False), ("nginx + limit_req", True)):
-                port = _free_port()
-                cmd, _ = _nginx(
-                    workdir,
-                    name.replace(" ", "_").replace("+", ""),
-                    _proxy_block(port, up_port, limit),
-                )
-                with _process(cmd, port):
-                    _warm(port)
-                    rows.append(_Row(name).measure(port, seconds))
-            stores = [("memory", "memory")]
-            redis_server = shutil.which("redis-server")
-            redis_port = _free_port()
-            if redis_server:
-                stores.append(("redis", f"redis://127.0.0.1:{redis_port}/0"))
-            else:
-                print("redis-server is not installed: the Redis row is skipped")
-            redis_cmd = [
-                redis_server or "redis-server",
-                "--port",
-                str(redis_port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                tmp,
-            ]
-            redis_ctx = _process(redis_cmd, redis_port) if redis_server else None
-            try:
-                if redis_ctx is not None:
-                    redis_ctx.__enter__()
-                for label, store in stores:
-                    port, admin = _free_port(), _free_port()
-                    config = workdir / f"gateway-{label}.yaml"
-                    _gateway_config(config, port, admin, up_port, store)
-                    env = {**os.environ}
-                    with _process(_gateway_cmd(config), port, env=env):
-                        _warm(port)
-                        row = _Row(f"stormguard gateway ({label})")
-                        rows.append(
-                            row.measure(port, seconds, redis_port if label == "redis" else None)
-                        )
-            finally:
-                if redis_ctx is not None:
-                    redis_ctx.__exit__(None, None, None)
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        print("redis-server is not installed: the Redis row is skipped")
+    with tempfile.TemporaryDirectory(prefix="stormguard-bench-gw-") as tmp, ExitStack() as stack:
+        contenders = _contenders(Path(tmp), redis_server, stack)
+        rows = [row for row, _ in contenders]
+        # Rounds take the contenders in turn, so that what else the machine does in a
+        # stretch of time falls on all of them; each ratio is taken within a round.
+        # A proxy runs only while it is measured, started afresh each time.
+        for last in [False] * (rounds - 1) + [True]:
+            for row, start in contenders:
+                with start():
+                    row.measure_load(seconds)
+                    if last:
+                        row.measure_one(seconds)
+    _print(rows, seconds, rounds)
+
+
+def _contenders(
+    workdir: Path, redis_server: str | None, stack: ExitStack
+) -> list[tuple[_Row, Callable[[], AbstractContextManager[object]]]]:
+    """Each contender's row and how to start it (warm); the upstream and Redis are
+    started here for the whole run (``stack`` stops them)."""
+    up_port = _free_port()
+    cmd, _ = _nginx(workdir, "upstream", _upstream_block(up_port))
+    stack.enter_context(_process(cmd, up_port))
+    contenders: list[tuple[_Row, Callable[[], AbstractContextManager[object]]]] = [
+        (_Row("upstream direct", up_port), nullcontext)
+    ]
+    for name, limit in (("nginx pass-through", False), ("nginx + limit_req", True)):
+        port = _free_port()
+        cmd, _ = _nginx(
+            workdir, name.replace(" ", "_").replace("+", ""), _proxy_block(port, up_port, limit)
+        )
+        contenders.append((_Row(name, port), partial(_warm_process, cmd, port)))
+    stores: list[tuple[str, str, int | None]] = [("memory", "memory", None)]
+    if redis_server is not None:
+        redis_port = _free_port()
+        redis_cmd = [redis_server, "--port", str(redis_port), "--save", "", "--appendonly", "no"]
+        stack.enter_context(_process([*redis_cmd, "--dir", str(workdir)], redis_port))
+        stores.append(("redis", f"redis://127.0.0.1:{redis_port}/0", redis_port))
+    for label, store, redis_port in stores:
+        port, admin = _free_port(), _free_port()
+        config = workdir / f"gateway-{label}.yaml"
+        _gateway_config(config, port, admin, up_port, store)
+        row = _Row(f"stormguard gateway ({label})", port, redis_port)
+        contenders.append((row, partial(_warm_process, _gateway_cmd(config), port)))
+    return contenders
+
+
+@contextmanager
+def _warm_process(cmd: list[str], port: int) -> Iterator[None]:
+    with _process(cmd, port, env={**os.environ}):
+        _warm(port)
+        yield
+
+
+def _print(rows: list[_Row], seconds: int, rounds: int) -> None:
     peer = next(r for r in rows if r.name == "nginx pass-through")
     direct = rows[0]
-    print(f"wrk, {CONNECTIONS} connections, {seconds}s each; one worker per proxy")
-    head = ("contender", "req/s", "p50 ms", "p99 ms", "vs nginx", "added p50")
-    print(f"{head[0]:32} {head[1]:>10} {head[2]:>8} {head[3]:>8} {head[4]:>9} {head[5]:>10}")
+    each = "one round" if rounds == 1 else f"{rounds} interleaved rounds, medians"
+    print(f"wrk, {CONNECTIONS} connections, {seconds}s each, {each}; one worker per proxy")
+    head = ("contender", "req/s", "p50 ms", "p99 ms", "vs nginx", "rounds", "added p50")
+    print(
+        f"{head[0]:32} {head[1]:>10} {head[2]:>8} {head[3]:>8} {head[4]:>9} {head[5]:>11}"
+        f" {head[6]:>10}"
+    )
     for r in rows:
-        ratio, added = r.rps / peer.rps, r.p50 - direct.p50
-        print(f"{r.name:32} {r.rps:10.0f} {r.p50:8.2f} {r.p99:8.2f} {ratio:8.2f}x {added:9.2f}ms")
+        # The ratio of each round (both measured minutes apart at most), then their median.
+        ratios = [mine[0] / theirs[0] for mine, theirs in zip(r.runs, peer.runs, strict=True)]
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+        added = r.median(1) - direct.median(1)
+        print(
+            f"{r.name:32} {r.median(0):10.0f} {r.median(1):8.2f} {r.median(2):8.2f}"
+            f" {statistics.median(ratios):8.2f}x {spread:>11} {added:9.2f}ms"
+        )
     # At 50 connections p50 is mostly queueing (Little's law: 50 / throughput); one
     # connection shows what a proxy adds to a single request.
     print(f"\nwrk, 1 connection, {max(1, seconds // 2)}s each: the latency a proxy adds")
