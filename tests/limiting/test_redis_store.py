@@ -179,7 +179,11 @@ def test_lua_scripts_ship_as_package_data() -> None:
 
 async def test_async_hits_in_one_tick_share_a_round_trip(redis_url: str, key_prefix: str) -> None:
     """Concurrent async hits are coalesced; each group is still decided exactly."""
-    async with AsyncRedisStore(redis_url, prefix=key_prefix) as store:
+    # Generous timeouts: with max_batch=1 twenty connections open at once, and on a
+    # loaded machine one may take longer than the default 0.25 s (the local
+    # fallback would then decide, which is not what this test is about).
+    patient = {"socket_timeout": 5.0, "connect_timeout": 5.0}
+    async with AsyncRedisStore(redis_url, prefix=key_prefix, **patient) as store:
         calls = 0
         evalsha = store.client.evalsha
 
@@ -197,7 +201,7 @@ async def test_async_hits_in_one_tick_share_a_round_trip(redis_url: str, key_pre
         assert 1 <= calls <= 4  # 200 hits in batches of at most 128
         keys = await store.client.keys(key_prefix + "*")
         await store.client.delete(*keys)
-    async with AsyncRedisStore(redis_url, prefix=key_prefix, max_batch=1) as store:
+    async with AsyncRedisStore(redis_url, prefix=key_prefix, max_batch=1, **patient) as store:
         limiter = AsyncRateLimiter(TokenBucket(0.001, 5), store)
         decisions = await asyncio.gather(*(limiter.hit("hot") for _ in range(20)))
         assert sum(d.allowed for d in decisions) == 5
