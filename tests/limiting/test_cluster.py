@@ -156,7 +156,9 @@ async def test_async_tick_batch_is_one_call_per_slot(
     """Hits of one event-loop tick on many keys: one EVALSHA per slot, all decided."""
     from redis.crc import key_slot
 
-    store = AsyncRedisStore(redis_cluster_url, prefix=key_prefix, socket_timeout=5)
+    store = AsyncRedisStore(
+        redis_cluster_url, prefix=key_prefix, socket_timeout=5, connect_timeout=5
+    )
     limiter = AsyncRateLimiter(FixedWindow(1, LONG), store, on_store_error="closed")
     calls = _count_scripts(monkeypatch, AsyncRedisStore)
     keys = [f"client-{i % 12}" for i in range(24)]
