@@ -22,6 +22,7 @@ BENCHMARKS = {
     "gateway-counts": "bench.bench_gateway_counts",
     "gateway-grpc": "bench.bench_gateway_grpc",
     "http": "bench.bench_http",
+    "http-counts": "bench.bench_http_counts",
 }
 
 
