@@ -136,17 +136,20 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     rules = route.rules
     if rules is not None:
         # A connection's one client meets the same limit keys on every request
-        # (a route's limits are per client or global): found once per route.
+        # (a route's limits are per client or global): found once per route, and
+        # decided by the store's group hitter for them (RuleSet.refusal_hitter).
         cached = proto.limits_known
         if steady and cached is not None and cached[0] is rules:
-            decision = rules.refusal_of(cached[1])
+            decision = cached[1]()
         else:
             limits = rules.plain_limits(view)
             if limits is None:
                 decision = rules.refusal(view, method, scope["path"])
+            elif proto.client_known is not None:  # this client, from now on
+                refusal = rules.refusal_hitter(limits)
+                proto.limits_known = (rules, refusal)
+                decision = refusal()
             else:
-                if proto.client_known is not None:  # this client, from now on
-                    proto.limits_known = (rules, limits)
                 decision = rules.refusal_of(limits)
         if decision is not None:
             pool.client.idle(conn)

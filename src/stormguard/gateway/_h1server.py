@@ -150,9 +150,9 @@ class GatewayProtocol(HttpToolsProtocol):
     # The client of every request on this connection, when the identity rules make it
     # one (_fastpath.begin): (identity, rule, key, client id).
     client_known: tuple[Any, str, str, str] | None = None
-    # With client_known: a route's rule set and the (algorithm, name, key) of its
-    # limits for that client (_fastpath.begin; RuleSet.plain_limits).
-    limits_known: tuple[Any, list[tuple[Any, str, str]]] | None = None
+    # With client_known: a route's rule set and the refusal of its limits for that
+    # client (_fastpath.begin; RuleSet.refusal_hitter).
+    limits_known: tuple[Any, Callable[[], Any]] | None = None
     _asgi: dict[str, str]  # per connection (connection_made)
     # The callback path's writes of one loop pass (per listener class, like _watched).
     outbox: ClassVar[Outbox] = Outbox()
