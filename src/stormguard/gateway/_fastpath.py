@@ -10,7 +10,8 @@
 # is most of the gateway's per-request cost (bench/bench_gateway.py).
 #
 # The rules are the proxy leg's (_proxy.py), called, not copied: route_of,
-# identify, limit_refusal, admit_now, request/response_headers, account. A request
+# identify, limit_refusal, the pool's enter (its lock-free gate) or admit_now,
+# request/response_headers, account. A request
 # that is anything else -- a body, a WebSocket, an idempotent or shaped route,
 # Concurrency limits, retries, a store that must be awaited, no idle connection,
 # a breaker or bulkhead that refuses or would make it wait -- is handed to the
@@ -23,13 +24,14 @@ import time
 from typing import Any
 
 from .._errors import CircuitOpen
+from ..protection._permit import Permit
 from ..server._refusal import Refusal, unavailable
 from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
-from ._upstream import Held, Target, UpstreamPool
+from ._upstream import Held, Holder, Target, UpstreamPool
 from ._wire import request_headers, response_head
 
 __all__ = ["begin"]
@@ -108,11 +110,10 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         proto.client_known = (identity, rule, key, client) if identity.per_connection else None
     if mode == AWAIT:
         scope[CLIENT_KEY] = key
-        nothing = Held(None, client, False)  # admitted by the task, later
         exchange = FastExchange(
-            proto, scope, keep_alive, rt, route, pool, nothing, None, time.perf_counter()
+            proto, scope, keep_alive, rt, route, pool, None, None, time.perf_counter(), None
         )
-        exchange.client, exchange.rule = client, rule
+        exchange.client, exchange.rule = client, rule  # admitted by the task, later
         # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
         exchange.waiting = proto.loop.create_task(exchange.admit_then_send(view))
         return exchange
@@ -121,17 +122,23 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     if ready is None:
         return None
     target, conn = ready
-    try:
-        held = pool.admit_now(client)
-    except CircuitOpen:
-        held = None
-    if not isinstance(held, Held):  # refused or would wait: the ASGI path decides
-        pool.client.idle(conn)
-        pool.turn = turn
-        return None
+    held: Held | None = None
+    ticket = pool.enter()
+    if ticket is None:  # the lock-free gate cannot say: the pool's own methods
+        try:
+            admitted = pool.admit_now(client)
+        except CircuitOpen:
+            admitted = None
+        if not isinstance(admitted, Held):  # refused or would wait: the ASGI path decides
+            pool.client.idle(conn)
+            pool.turn = turn
+            return None
+        held = admitted
     started = time.perf_counter()
     scope[CLIENT_KEY] = key
-    exchange = FastExchange(proto, scope, keep_alive, rt, route, pool, held, target, started)
+    exchange = FastExchange(
+        proto, scope, keep_alive, rt, route, pool, held, target, started, ticket
+    )
     exchange.client, exchange.rule = client, rule
     rules = route.rules
     if rules is not None:
@@ -174,6 +181,7 @@ class FastExchange(_Exchange):
     """
 
     __slots__ = (
+        "admitted",
         "body",
         "chunked",
         "disconnected",
@@ -186,6 +194,7 @@ class FastExchange(_Exchange):
         "more_body",
         "on_lost",
         "pending",
+        "permit",
         "pool",
         "proto",
         "request",
@@ -198,6 +207,7 @@ class FastExchange(_Exchange):
         "sent",
         "started",
         "target",
+        "ticket",
         "waiting",
         "whole",
     )
@@ -210,16 +220,24 @@ class FastExchange(_Exchange):
         rt: Runtime,
         route: CompiledRoute,
         pool: UpstreamPool,
-        held: Held,
+        held: Held | None,
         target: Target | None,
         started: float,
+        ticket: Any,
     ) -> None:
         # _Exchange's fields, set here (one frame less per request)
         self.outcome, self.status, self.client, self.rule, self.upstream = "allowed", 0, "", "", ""
         self.gone = self.done = False
         self.proto, self.scope, self.keep_alive = proto, scope, keep_alive
         self.method = scope["method"]
-        self.rt, self.route, self.pool, self.held = rt, route, pool, held
+        self.rt, self.route, self.pool = rt, route, pool
+        # What the request holds of the upstream: the Held the pool's methods gave,
+        # else (None) the exchange holds it itself (a Holder): the ticket of the
+        # pool's lock-free gate (UpstreamPool.enter), and the bulkhead slot.
+        self.held = held
+        self.ticket = ticket
+        self.admitted = ticket is not None
+        self.permit: Permit | None = None
         self.target: Any = target  # a Target once one is picked (the awaited path: later)
         self.started = started
         self.sent = 0.0
@@ -424,7 +442,7 @@ class FastExchange(_Exchange):
         except (UpstreamError, TimeoutError) as exc:
             self.answer_error(exc)
             return
-        if not self.held.admitted:  # the client went away meanwhile
+        if not (self.held or self).admitted:  # the client went away meanwhile
             client.idle(conn)
             return
         self.response = client.send_now(conn, *self.request, self, self.proto.outbox)
@@ -467,7 +485,10 @@ class FastExchange(_Exchange):
         """Tell the breaker how the call went (None: it never reached the upstream),
         once. A permit of a shared breaker reports to the store: in a task, which the
         answer does not wait for."""
-        held = self.held
+        held: Holder = self.held or self
+        if held.ticket is not None:  # admitted by the pool's lock-free gate
+            self.pool.settle(held, failure)
+            return
         permit = held.permit
         if permit is None:
             return
@@ -489,7 +510,7 @@ class FastExchange(_Exchange):
         self.response = None
         if not self.finished:
             self.finished = True
-            held = self.held
+            held: Holder = self.held or self
             if held.admitted:
                 self.pool.done(held)
             account(self.rt, self.route, self.scope, self, self.started)
