@@ -491,3 +491,60 @@ async def test_an_unreachable_upstream_after_the_await_is_a_502(
     lines, _ = _head_and_body(b.client.take())
     assert lines[0] == b"HTTP/1.1 502 Bad Gateway"
     assert b.gateway.runtime.upstreams["a"].in_flight == 0
+
+
+async def test_each_request_on_a_connection_carries_its_own_headers(bench: Any) -> None:
+    """The header lines kept from a connection's last request go out only for the same
+    headers and method: changed headers or another method are rendered afresh."""
+    b = await bench()
+    first = b.request(GET)
+    b.answer(OK)
+    other = b.request(GET.replace(b"Accept: */*", b"Accept: text/html"))
+    b.answer(OK)
+    again = b.request(GET)
+    b.answer(OK)
+    options = b.request(GET.replace(b"GET ", b"OPTIONS ", 1))
+    b.answer(OK)
+    assert b"accept: */*\r\n" in first and b"text/html" not in first
+    assert b"accept: text/html\r\n" in other and b"*/*" not in other
+    assert again == first
+    assert options == first.replace(b"GET ", b"OPTIONS ", 1)
+
+
+async def test_a_reload_of_the_trusted_proxies_changes_the_forwarded_chain(
+    bench: Any, tmp_path: Path
+) -> None:
+    """The kept header lines belong to the identity rules they were made with: after
+    a reload that trusts the peer, its X-Forwarded-For chain is kept."""
+    b = await bench()
+    forwarded = GET.replace(b"Accept", b"X-Forwarded-For: 192.0.2.7\r\nAccept")
+    assert b"X-Forwarded-For: 10.1.2.3\r\n" in b.request(forwarded)
+    b.answer(OK)
+    config = yaml.safe_load((tmp_path / "gateway.yaml").read_text())
+    config["clients"] = {"key": ["ip"], "trusted_proxies": ["10.0.0.0/8"]}
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    b.gateway.swap(load_config(tmp_path / "gateway.yaml"))
+    assert b"X-Forwarded-For: 192.0.2.7, 10.1.2.3\r\n" in b.request(forwarded)
+    b.answer(OK)
+
+
+async def test_each_answer_on_a_connection_gets_its_own_head(bench: Any) -> None:
+    """The head kept from a connection's last answer goes out only for the same
+    status and headers: another status or a changed header is rendered afresh."""
+    b = await bench()
+    heads = []
+    for answer in (
+        OK,
+        OK,
+        OK.replace(b"Server: up", b"Server: up2"),
+        OK.replace(b"200 OK", b"201 Created"),
+        OK,
+    ):
+        b.request(GET)
+        heads.append(_head_and_body(b.answer(answer))[0])
+    assert heads[0] == heads[1] == heads[4]
+    assert heads[2] == [line.replace(b"server: up", b"server: up2") for line in heads[0]]
+    assert heads[3] == [b"HTTP/1.1 201 Created", *heads[0][1:]]
+    b.request(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    lines, _ = _head_and_body(b.answer(OK))
+    assert lines == [*heads[0], b"connection: close"]  # the client's connection ends

@@ -246,7 +246,7 @@ class FastExchange(_Exchange):
         self.body = b""
         self.message_event = _NO_EVENT
         self.response: H1Response | None = None
-        self.request: tuple[str, bytes, list[tuple[bytes, bytes]]] = ("GET", b"/", [])
+        self.request: tuple[str, bytes, bytes] = ("GET", b"/", b"")  # method, target, lines
         self.resend: asyncio.Task[None] | None = None  # the one resend, if it came to that
         self.head = b""  # the answer's head, until it goes out with the first body bytes
         self.whole = False  # the answer is small: its body goes out in one write
@@ -261,14 +261,26 @@ class FastExchange(_Exchange):
     def send(self, conn: Any, view: ScopeView) -> None:
         """Send the request on ``conn`` (idle, to ``self.target``); its answer comes
         back through the sink methods below."""
-        pool, scope = self.pool, self.scope
+        pool, scope, proto, method = self.pool, self.scope, self.proto, self.method
         self.upstream = pool.name
-        headers = request_headers(scope, self.rt.identity.trusted_peer(view))
+        # The header lines depend on the request's headers, the connection's peer
+        # and scheme, and the identity rules (a trusted proxy's X-Forwarded-For):
+        # a connection sending the same headers again sends the lines kept from
+        # its last request (one kept per connection; a reload brings new rules).
+        raw = scope["headers"]
+        identity = self.rt.identity
+        kept = proto.header_block
+        if kept is not None and kept[1] is identity and kept[2] == method and kept[0] == raw:
+            block = kept[3]
+        else:
+            headers = request_headers(scope, identity.trusted_peer(view))
+            block = pool.client.header_block(method, headers)
+            proto.header_block = (raw, identity, method, block)
         path = scope["raw_path"]
         query = scope["query_string"]
         self.sent = time.perf_counter()
-        self.request = (self.method, path + b"?" + query if query else path, headers)
-        self.response = pool.client.send_now(conn, *self.request, self, self.proto.outbox)
+        self.request = (method, path + b"?" + query if query else path, block)
+        self.response = pool.client.send_now(conn, *self.request, self, proto.outbox)
 
     async def admit_then_send(self, view: ScopeView) -> None:
         """The awaited path (AWAIT): the route's limits, then the upstream's breaker
@@ -338,15 +350,26 @@ class FastExchange(_Exchange):
         self.status = status
         length = response.content_length
         bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS
-        self.chunked = length is None and not bodiless
+        chunked = self.chunked = length is None and not bodiless
         self.whole = length is not None and length <= _BUFFER
-        self.head = response_head(
-            status,
-            response.raw_headers,
-            self.proto.server_state.default_headers,
-            self.keep_alive,
-            self.chunked,
-        )
+        # The head is a function of these alone: a connection whose upstream
+        # answers alike again (its Date changes once a second) sends the head kept
+        # from its last answer (one kept per connection).
+        proto = self.proto
+        raw = response.raw_headers
+        default = proto.server_state.default_headers
+        kept = proto.answer_head
+        if (
+            kept is not None
+            and kept[0] == status
+            and kept[2] is default
+            and kept[3] == (self.keep_alive, chunked)
+            and kept[1] == raw
+        ):
+            self.head = kept[4]
+        else:
+            self.head = head = response_head(status, raw, default, self.keep_alive, chunked)
+            proto.answer_head = (status, raw, default, (self.keep_alive, chunked), head)
 
     def answer_body(self, chunk: bytes) -> None:
         if self.whole:

@@ -44,6 +44,7 @@ __all__ = [
 _NO_CHUNKS: deque[bytes] = deque(maxlen=0)  # shared, always empty (see H1Response)
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+_METHOD_BYTES = {m: m.encode("ascii") for m in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE")}
 _NO_BODY_STATUS = (204, 304)
 _PREPARING = 4  # connections opened ahead at once (H1Pool.prepare)
 
@@ -582,18 +583,38 @@ class H1Pool:
         conn: _Connection,
         method: str,
         target: bytes,
-        headers: list[tuple[bytes, bytes]],
+        block: bytes,
         sink: Sink,
         outbox: Outbox,
     ) -> H1Response:
         """Send a bodyless request on ``conn`` (from :meth:`take_idle`) with the
-        loop pass's other writes (``outbox``); ``sink`` hears the answer. Errors reach
+        loop pass's other writes (``outbox``); ``block`` is its header lines after
+        Host (:meth:`header_block`); ``sink`` hears the answer. Errors reach
         ``sink.error``, never the caller."""
         response = H1Response(conn, sink)
         conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
         assert conn.transport is not None
-        outbox.write(conn.transport, self._head(conn.endpoint, method, target, headers, None))
+        endpoint = conn.endpoint
+        head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s" % (
+            _METHOD_BYTES.get(method) or method.encode("ascii"),
+            endpoint.prefix,
+            target or b"/",
+            endpoint.host_header,
+            block,
+        )
+        outbox.write(conn.transport, head)
         return response
+
+    @staticmethod
+    def header_block(method: str, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The header lines of a bodyless ``method`` request after Host, and the
+        blank line (what :meth:`send_now` sends; it depends on nothing else, so a
+        caller sending the same headers again may keep it)."""
+        parts: list[bytes] = []
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(b"\r\n" if method in _IDEMPOTENT else b"Content-Length: 0\r\n\r\n")
+        return b"".join(parts)
 
     # -- the exchange -------------------------------------------------------------------
 

@@ -153,6 +153,12 @@ class GatewayProtocol(HttpToolsProtocol):
     # With client_known: a route's rule set and the refusal of its limits for that
     # client (_fastpath.begin; RuleSet.refusal_hitter).
     limits_known: tuple[Any, Callable[[], Any]] | None = None
+    # The upstream request's header lines of the last request on this connection:
+    # (its headers, identity rules, method, lines) (_fastpath.FastExchange.send).
+    header_block: tuple[list[tuple[bytes, bytes]], Any, str, bytes] | None = None
+    # The head of the last upstream answer on this connection: (status, the
+    # upstream's headers, default headers, (keep-alive, chunked), head).
+    answer_head: tuple[int, list[tuple[bytes, bytes]], Any, tuple[bool, bool], bytes] | None = None
     _asgi: dict[str, str]  # per connection (connection_made)
     # The callback path's writes of one loop pass (per listener class, like _watched).
     outbox: ClassVar[Outbox] = Outbox()
