@@ -548,3 +548,26 @@ async def test_each_answer_on_a_connection_gets_its_own_head(bench: Any) -> None
     b.request(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     lines, _ = _head_and_body(b.answer(OK))
     assert lines == [*heads[0], b"connection: close"]  # the client's connection ends
+
+
+async def test_a_request_target_seen_again_reads_alike(bench: Any) -> None:
+    """A target parsed before gives the same scope path (percent-decoded), raw path and
+    query; the table of targets is cleared when full, not grown."""
+    from stormguard.gateway import _h1server
+
+    b = await bench()
+    request = b"GET /items%20x?page=2 HTTP/1.1\r\nHost: x\r\n\r\n"
+    sent = []
+    for _ in range(2):
+        sent.append(b.request(request))
+        scope = b.proto.scope
+        assert (scope["path"], scope["raw_path"], scope["query_string"]) == (
+            "/items x",
+            b"/items%20x",
+            b"page=2",
+        )
+        b.answer(OK)
+    assert sent[0] == sent[1] and sent[0].startswith(b"GET /items%20x?page=2 HTTP/1.1\r\n")
+    _h1server._TARGETS.update({b"/%d" % i: ("", b"", b"") for i in range(_h1server._MAX_TARGETS)})
+    b.request(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert list(_h1server._TARGETS) == [b"/other"]

@@ -96,13 +96,14 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     if mode == ASGI:
         return None
     pool = route.upstream
-    view = ScopeView(scope)
+    view: ScopeView | None = None  # the request as the rules read it, made when asked
     identity = rt.identity
     known = proto.client_known  # (identity, rule, key, client id) of this connection
     steady = known is not None and known[0] is identity
     if steady:
         _, rule, key, client = known
     else:
+        view = ScopeView(scope)
         rule, key = identity.identify(view)
         client = client_id(key)
         # The same client on every request of the connection, when only its address
@@ -115,7 +116,9 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         )
         exchange.client, exchange.rule = client, rule  # admitted by the task, later
         # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
-        exchange.waiting = proto.loop.create_task(exchange.admit_then_send(view))
+        exchange.waiting = proto.loop.create_task(
+            exchange.admit_then_send(view or ScopeView(scope))
+        )
         return exchange
     turn = pool.turn
     ready = pool.pick_ready()
@@ -149,6 +152,7 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         if steady and cached is not None and cached[0] is rules:
             decision = cached[1]()
         else:
+            view = view or ScopeView(scope)
             limits = rules.plain_limits(view)
             if limits is None:
                 decision = rules.refusal(view, method, scope["path"])
@@ -163,7 +167,7 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             pool.turn = turn
             exchange.refuse(limit_refusal(route, decision))
             return exchange
-    exchange.send(conn, view)
+    exchange.send(conn)
     return exchange
 
 
@@ -258,7 +262,7 @@ class FastExchange(_Exchange):
 
     # -- the request, to the upstream connection -----------------------------------------
 
-    def send(self, conn: Any, view: ScopeView) -> None:
+    def send(self, conn: Any) -> None:
         """Send the request on ``conn`` (idle, to ``self.target``); its answer comes
         back through the sink methods below."""
         pool, scope, proto, method = self.pool, self.scope, self.proto, self.method
@@ -273,7 +277,7 @@ class FastExchange(_Exchange):
         if kept is not None and kept[1] is identity and kept[2] == method and kept[0] == raw:
             block = kept[3]
         else:
-            headers = request_headers(scope, identity.trusted_peer(view))
+            headers = request_headers(scope, identity.trusted_peer(ScopeView(scope)))
             block = pool.client.header_block(method, headers)
             proto.header_block = (raw, identity, method, block)
         path = scope["raw_path"]
@@ -327,7 +331,7 @@ class FastExchange(_Exchange):
                 if self.client_left():
                     client.idle(conn)
                     return
-            self.send(conn, view)
+            self.send(conn)
         except Exception:  # a bug must not leave the client without an answer
             log.exception("gateway error on %s %s", self.method, self.scope["path"])
             if self.status == 0 and not self.client_left():
@@ -345,8 +349,13 @@ class FastExchange(_Exchange):
         self.rt.metrics.observe_latency(self.pool.name, time.perf_counter() - self.sent)
         status = response.status
         failed = status >= 500
-        self.pool.report(self.target, failed)
-        self._report(failed)
+        pool, target = self.pool, self.target
+        if failed or target.failures:  # (a success after successes changes nothing)
+            pool.report(target, failed)
+        if self.ticket is not None and self.held is None:  # the pool's lock-free gate
+            pool.settle(self, failed)
+        else:
+            self._report(failed)
         self.status = status
         length = response.content_length
         bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS

@@ -309,7 +309,9 @@ class _Connection(asyncio.Protocol):
             response.keep_alive = False
         if response.sink is not None:
             response.sink.answer_end()
-            response._finished()
+            if response._conn is not None:  # response._finished(), inline
+                response._conn = None
+                self.finish(response)
             return
         response._wake()
 
@@ -335,7 +337,10 @@ class _Connection(asyncio.Protocol):
         now = loop.time()
         self.last_read = now
         self.deadline = now + total if total else 0.0
-        self.pool.watch(self)
+        pool = self.pool
+        pool.busy.add(self)  # watched by the pool's sweep (started with the first)
+        if pool._sweeper is None:
+            pool._sweeper = loop.call_later(pool._sweep_every, pool._sweep)
 
     def check_timeout(self, now: float, read: float) -> None:
         """Fail the exchange if the upstream has been silent (or slow) too long."""
@@ -437,11 +442,6 @@ class H1Pool:
                 idle.remove(conn)
             self._wake_one()
 
-    def watch(self, conn: _Connection) -> None:
-        self.busy.add(conn)
-        if self._sweeper is None:
-            self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
-
     def _sweep(self) -> None:
         self._sweeper = None
         now = self.loop.time()
@@ -525,7 +525,8 @@ class H1Pool:
 
     def take_idle(self, base: str) -> _Connection | None:
         """An idle connection to the target at ``base`` if there is one (else None)."""
-        idle = self._endpoint(base).idle
+        endpoint = self._endpoints.get(base)
+        idle = (endpoint or self._endpoint(base)).idle
         while idle:
             conn = idle.pop()
             if not conn.closed:

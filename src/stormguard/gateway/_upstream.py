@@ -284,7 +284,8 @@ class UpstreamPool:
         """The next target with an idle connection taken; None (nothing taken, the
         turn not used) when that target has none idle."""
         turn = self._next
-        target = self.pick()
+        targets = self.targets
+        target = targets[0] if len(targets) == 1 else self.pick()  # pick(), its one-target case
         conn = self.client.take_idle(target.base)
         if conn is None:
             self._next = turn
