@@ -111,20 +111,19 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         proto.client_known = (identity, rule, key, client) if identity.per_connection else None
     if mode == AWAIT:
         scope[CLIENT_KEY] = key
-        exchange = FastExchange(
+        exchange = FastExchange(  # admitted by the task, later
             proto, scope, keep_alive, rt, route, pool, None, None, time.perf_counter(), None
         )
-        exchange.client, exchange.rule = client, rule  # admitted by the task, later
+        exchange.client, exchange.rule = client, rule
         # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
         exchange.waiting = proto.loop.create_task(
             exchange.admit_then_send(view or ScopeView(scope))
         )
         return exchange
-    turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
         return None
-    target, conn = ready
+    target, conn, turn = ready
     held: Held | None = None
     ticket = pool.enter()
     if ticket is None:  # the lock-free gate cannot say: the pool's own methods
@@ -171,6 +170,17 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     return exchange
 
 
+class _NoEvent:
+    """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
+
+    __slots__ = ()
+    # A no-op in C (uvicorn's protocol calls it once per request): set() -> None.
+    set = object.__init__
+
+
+_NO_EVENT = _NoEvent()
+
+
 class FastExchange(_Exchange):
     """One request on the callback path: the connection's cycle, the upstream's sink
     and the request's bookkeeping (:class:`_Exchange`) in one object.
@@ -184,6 +194,7 @@ class FastExchange(_Exchange):
     _outbox.py); a streamed body goes out at once.
     """
 
+    message_event = _NO_EVENT  # uvicorn's protocol calls its set(); nobody waits on it
     __slots__ = (
         "admitted",
         "body",
@@ -193,7 +204,6 @@ class FastExchange(_Exchange):
         "head",
         "held",
         "keep_alive",
-        "message_event",
         "method",
         "more_body",
         "on_lost",
@@ -248,7 +258,6 @@ class FastExchange(_Exchange):
         self.response_complete = self.disconnected = False
         self.more_body = False
         self.body = b""
-        self.message_event = _NO_EVENT
         self.response: H1Response | None = None
         self.request: tuple[str, bytes, bytes] = ("GET", b"/", b"")  # method, target, lines
         self.resend: asyncio.Task[None] | None = None  # the one resend, if it came to that
@@ -546,14 +555,3 @@ class FastExchange(_Exchange):
             if held.admitted:
                 self.pool.done(held)
             account(self.rt, self.route, self.scope, self, self.started)
-
-
-class _NoEvent:
-    """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
-
-    __slots__ = ()
-    # A no-op in C (uvicorn's protocol calls it once per request): set() -> None.
-    set = object.__init__
-
-
-_NO_EVENT = _NoEvent()

@@ -369,7 +369,13 @@ class _Connection(asyncio.Protocol):
         self.headers_ready = None
         self.pool.busy.discard(self)  # _cancel_timer()
         if response.complete and response.keep_alive and not self.closed and not self.paused:
-            self.pool.idle(self)
+            pool = self.pool
+            if pool._closed:  # pool.idle(self), inline
+                self.close()
+                return
+            self.endpoint.idle.append(self)
+            if pool._waiters:
+                pool._wake_one()
         else:
             self.close()
 

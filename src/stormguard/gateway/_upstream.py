@@ -247,9 +247,14 @@ class UpstreamPool:
             self.in_flight -= 1
             gate = self._gate
             if gate is not None:  # no client share: the slot goes straight back
-                bulkhead = gate[2]
-                if bulkhead is not None:
-                    bulkhead.release()
+                bulkhead, free = gate[2], gate[3]
+                if bulkhead is not None:  # Bulkhead.release(), inline
+                    free.append(None)
+                    if len(free) > bulkhead.limit:
+                        free.pop()
+                        raise RuntimeError("Bulkhead.release() without a matching acquire")
+                    if bulkhead._waiters:
+                        bulkhead._hand_out_locked()
             elif self.bulkhead is not None:
                 self.bulkhead.leave(held.client)
 
@@ -280,9 +285,10 @@ class UpstreamPool:
     def turn(self, value: int) -> None:
         self._next = value
 
-    def pick_ready(self) -> tuple[Target, Any] | None:
-        """The next target with an idle connection taken; None (nothing taken, the
-        turn not used) when that target has none idle."""
+    def pick_ready(self) -> tuple[Target, Any, int] | None:
+        """The next target with an idle connection taken, and the turn before the
+        pick (:attr:`turn`, to undo it); None (nothing taken, the turn not used) when
+        that target has none idle."""
         turn = self._next
         targets = self.targets
         target = targets[0] if len(targets) == 1 else self.pick()  # pick(), its one-target case
@@ -291,7 +297,7 @@ class UpstreamPool:
             self._next = turn
             self.client.prepare(target.base)  # one idle next time
             return None
-        return target, conn
+        return target, conn, turn
 
     def report(self, target: Target, failed: bool) -> None:
         """Count a target's consecutive failures; eject it for a while at the threshold."""
