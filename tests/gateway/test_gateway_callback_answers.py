@@ -571,3 +571,34 @@ async def test_a_request_target_seen_again_reads_alike(bench: Any) -> None:
     _h1server._TARGETS.update({b"/%d" % i: ("", b"", b"") for i in range(_h1server._MAX_TARGETS)})
     b.request(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
     assert list(_h1server._TARGETS) == [b"/other"]
+
+
+class _LoopClock:
+    """The running loop with a loop time the test sets (what the upstream pool reads)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        self.loop, self.now = loop, now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
+
+
+async def test_a_read_that_leaves_the_answer_due_restarts_the_silence(bench: Any) -> None:
+    """The read timeout counts silence from the last read of an answer still due; the
+    read that completes it takes the connection off the watch."""
+    b = await bench()
+    h1 = b.conn.pool
+    clock = h1.loop = _LoopClock(asyncio.get_running_loop(), 100.0)
+    b.request(GET)
+    assert b.conn.last_read == 100.0 and b.conn in h1.busy
+    clock.now = 103.0
+    b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+    assert b.conn.last_read == 103.0 and b.conn in h1.busy
+    b.conn.check_timeout(107.5, 6.0)  # silent 4.5 s since the last read: not 6
+    assert not b.conn.closed
+    clock.now = 104.0
+    assert b.answer(b"cd").endswith(b"abcd")
+    assert b.conn not in h1.busy and b.conn in b.conn.endpoint.idle

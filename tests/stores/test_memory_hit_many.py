@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -158,3 +159,22 @@ def test_group_hitter_refusal_takes_nothing() -> None:
     refused = hit()
     assert refused is not None and [d.allowed for d in refused] == [True, False]
     assert refused[0].remaining == 4  # the client's bucket was not charged by the refusal
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_group_hitter_of_one_or_three_limits_stores_like_quiet_hit_many(count: int) -> None:
+    """The group hitter's general loop (not the written-out pair) answers and stores
+    like quiet hit_many, through admissions and a refusal."""
+    group_clock, plain_clock = FakeClock(), FakeClock()
+    group, plain = MemoryStore(clock=group_clock), MemoryStore(clock=plain_clock)
+    limits = [
+        (TokenBucket(2, 3), "client", "a"),
+        (sg.SlidingWindowCounter(4, 1.0), "global", "all"),
+        (sg.GCRA(1, 5), "route", "r"),
+    ][:count]
+    hit = group.group_hitter(limits, 1.0, lambda: group.hit_many(limits, 1.0, quiet=True))
+    for dt in [0.0, 0.1, 0.1, 0.1, 0.1, 0.5, 0.0, 2.0]:
+        group_clock.advance(dt)
+        plain_clock.advance(dt)
+        assert hit() == plain.hit_many(limits, 1.0, quiet=True)
+        assert list(group._data.items()) == list(plain._data.items())

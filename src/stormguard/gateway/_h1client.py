@@ -221,11 +221,13 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.received = True
-        self.last_read = self.pool.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+            return
+        if not response.complete:  # still due: the silence is counted from now
+            self.last_read = self.pool.loop.time()
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost tells the exchange

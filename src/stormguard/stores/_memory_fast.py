@@ -72,6 +72,8 @@ def group_hitter(
     data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
     get, move_to_end = data.get, data.move_to_end
     steps = tuple((name + "\x00" + key, algorithm.advance) for algorithm, name, key in limits)
+    if len(steps) == 2:
+        return _pair_hitter(table, steps, cost, otherwise)
 
     def hit() -> T | None:
         with lock:
@@ -93,6 +95,47 @@ def group_hitter(
                     else:
                         put(skey, new, reset, now)
                 return None
+        return otherwise()
+
+    return hit
+
+
+def _pair_hitter(
+    table: Table,
+    steps: tuple[tuple[str, Callable[..., Any]], ...],
+    cost: float,
+    otherwise: Callable[[], T],
+) -> Callable[[], T | None]:
+    # group_hitter's hit for two limits (a gateway's per-client and global pair),
+    # its loops written out: the same steps, decisions and writes.
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
+    get, move_to_end = data.get, data.move_to_end
+    (key_a, advance_a), (key_b, advance_b) = steps
+
+    def hit() -> T | None:
+        with lock:
+            now = monotonic()
+            entry_a = get(key_a)
+            a = advance_a(None if entry_a is None or entry_a[0] <= now else entry_a[1], now, cost)
+            if a[1]:
+                entry_b = get(key_b)
+                b = advance_b(
+                    None if entry_b is None or entry_b[0] <= now else entry_b[1], now, cost
+                )
+                if b[1]:
+                    reset = a[3]
+                    if entry_a is not None and reset > 0:
+                        data[key_a] = (now + reset, a[0])
+                        move_to_end(key_a)
+                    else:
+                        put(key_a, a[0], reset, now)
+                    reset = b[3]
+                    if entry_b is not None and reset > 0:
+                        data[key_b] = (now + reset, b[0])
+                        move_to_end(key_b)
+                    else:
+                        put(key_b, b[0], reset, now)
+                    return None
         return otherwise()
 
     return hit
