@@ -13,9 +13,10 @@ from protection_support import run_threads
 
 from net_support import POLL_INTERVAL
 from stormguard import CircuitOpen, RetryPolicy
+from stormguard.client import _front
 from stormguard.client._front import _General
 from stormguard.httpx import RetryTransport
-from stormguard.protection import Bulkhead, OriginGuards, RetryBudget
+from stormguard.protection import Bulkhead, OriginGuards, RetryBudget, _tally
 from stormguard.protection._quick import QuickGuard
 from stormguard.testing import FakeClock
 
@@ -39,6 +40,10 @@ def _statuses(*statuses: int) -> Any:
         return httpx.Response(queue.pop(0) if len(queue) > 1 else queue[0])
 
     return answer
+
+
+def _lane(transport: RetryTransport) -> Any:
+    return transport.lane_of(ORIGIN, httpx.URL(ORIGIN), str)
 
 
 def _gate(transport: RetryTransport) -> Any:
@@ -315,3 +320,59 @@ def test_a_slow_call_breaker_judges_each_duration_on_the_general_path() -> None:
             assert client.get(ORIGIN).status_code == 200
         with pytest.raises(CircuitOpen):
             client.get(ORIGIN)
+
+
+def test_drained_counts_the_credits_taken_and_puts_them_back() -> None:
+    """A batch of credits: what was taken is counted once, and the batch is full again."""
+    credits = _tally.credits()
+    assert len(credits) == _tally.BATCH
+    for _ in range(5):
+        credits.pop()
+    assert _tally.drained(credits) == 5
+    assert len(credits) == _tally.BATCH
+    assert _tally.drained(credits) == 0
+
+
+def test_a_lock_free_lane_tells_the_registry_when_its_batch_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The inline gate marks its origin recently used when it counts its budget's
+    batch (every 2 deposits here), not on the requests in between."""
+    monkeypatch.setattr(_tally, "BATCH", 2)
+    transport = _transport(_statuses(200), policy=RetryPolicy())
+    guards = transport.guards
+    with httpx.Client(transport=transport) as client:
+        client.get(ORIGIN)  # the lane is made, the budget's first bucket opened
+        assert isinstance(_lane(transport).quick, QuickGuard)
+        guards.get("http://old.test")
+        client.get(ORIGIN)
+        client.get(ORIGIN)  # the batch's last credit: nothing told yet
+        assert list(guards.origins()) == [ORIGIN, "http://old.test"]
+        client.get(ORIGIN)  # the batch is spent: counted, and the registry told
+        assert list(guards.origins()) == ["http://old.test", ORIGIN]
+
+
+def test_a_lane_without_the_lock_free_gate_tells_the_registry_every_so_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gate missing a part (no budget): the lane itself counts its requests."""
+    monkeypatch.setattr(_front, "_TOUCH_EVERY", 4)
+    transport = _transport(_statuses(200), parts={"budget": False}, policy=RetryPolicy())
+    guards = transport.guards
+    with httpx.Client(transport=transport) as client:
+        client.get(ORIGIN)  # the lane is made
+        assert _lane(transport).quick is None
+        guards.get("http://old.test")
+        client.get(ORIGIN)  # its third request (from the one that made it) tells
+        assert list(guards.origins()) == [ORIGIN, "http://old.test"]
+        client.get(ORIGIN)
+        assert list(guards.origins()) == ["http://old.test", ORIGIN]
+
+
+def test_touch_marks_a_known_origin_recently_used_and_creates_nothing() -> None:
+    guards = OriginGuards()
+    guards.get("http://a.test")
+    guards.get("http://b.test")
+    guards.touch("http://a.test")
+    guards.touch("http://unknown.test")
+    assert list(guards.origins()) == ["http://b.test", "http://a.test"]

@@ -9,6 +9,7 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from functools import partial
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -160,6 +161,9 @@ class HttpFront:
         self.hooks = (on_retry,) if callable(on_retry) else tuple(on_retry)
         self.clock = clock or SYSTEM_CLOCK
         self.monotonic = time.monotonic if self.clock is SYSTEM_CLOCK else self.clock.monotonic
+        # (a success path reads time.monotonic itself then: a call of the module's
+        # name costs less than one of an attribute)
+        self.system_clock = self.clock is SYSTEM_CLOCK
         self.rng = rng
         protection: Protection = {  # type: ignore[assignment]
             name: options[name]  # type: ignore[literal-required]
@@ -183,7 +187,8 @@ class HttpFront:
         next request. Every ``_TOUCH_EVERY`` requests a lane also asks the registry
         for its guard, which marks the origin recently used for eviction. The
         adapters' success paths inline this look-up (see client/_httpx.py) and
-        call here only when it is due.
+        call here only when it is due; RetryTransport's lanes tell the registry
+        instead (:meth:`touched`, or their lock-free gate at each budget batch).
         """
         lane = self._lanes.get(key)
         if lane is None or lane.generation != self.guards.generation or lane.touch_in <= 0:
@@ -233,7 +238,17 @@ class HttpFront:
     def _make_lane(self, origin: str, guard: OriginGuard | None) -> Lane:
         # A request that gets an Idempotency-Key needs its HttpCall before the send:
         # such a front end's lanes always take the general path.
-        return Lane(origin, guard, self.policy, self.monotonic, general=self.idempotency_keys)
+        touch = None if guard is None else partial(self.guards.touch, origin)
+        return Lane(
+            origin, guard, self.policy, self.monotonic, general=self.idempotency_keys, touch=touch
+        )
+
+    def touched(self, lane: Lane) -> None:
+        """A lane's every ``_TOUCH_EVERY``-th request: the registry hears its origin
+        is in use (a lane whose gate counts budget batches tells it from there)."""
+        lane.touch_in = _TOUCH_EVERY
+        if lane.touch is not None:
+            lane.touch()
 
 
 class Lane:
@@ -275,6 +290,7 @@ class Lane:
         "protected",
         "quick",
         "scheme",
+        "touch",
         "touch_in",
     )
 
@@ -286,10 +302,13 @@ class Lane:
         monotonic: Callable[[], float],
         *,
         general: bool = False,
+        touch: Callable[[], object] | None = None,
     ) -> None:
         self.origin = origin
         self.generation = -1
         self.touch_in = 0
+        # Tells the origin's registry the origin is in use (None: no guard).
+        self.touch = touch
         # The origin's scheme and port as the front end's URL parser gives them,
         # when its look-up by host checks them (httpx's: see RetryTransport).
         self.scheme: Any = None
@@ -320,7 +339,7 @@ class Lane:
                 self.gate = None
         elif policy.breaker is guard.breaker and policy.budget is guard.budget:
             # (a policy's own breaker or budget is taken by the general path)
-            quick = quick_guard(guard, monotonic)
+            quick = quick_guard(guard, monotonic, touch)
             self.gate = quick or _GENERAL
             if quick is not None and quick.parts:
                 self.quick = quick

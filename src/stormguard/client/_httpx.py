@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, Unpack
 
@@ -14,7 +15,6 @@ import httpx
 
 from ..core._engine import Outcome
 from ..core._outcome import Failure
-from ..protection._quick import _BATCH_LESS_ONE
 from ._front import (
     _MAX_LANES,
     FrontOptions,
@@ -335,8 +335,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             call = self._call(request, lane, started)
             return first_attempt(call, with_bulkhead(call, self._send(call, inner)))  # type: ignore[no-any-return]
         try:
-            if request.extensions.get("timeout") != lane.fitting:
-                _cap_first(request, lane)
             response: Any = inner.handle_request(request)
         except BaseException as exc:
             response = self.broken(lane, exc)
@@ -352,8 +350,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             call = self._call(request, lane, started)
             return await afirst_attempt(call, awith_bulkhead(call, self._asend(call, inner)))  # type: ignore[no-any-return]
         try:
-            if request.extensions.get("timeout") != lane.fitting:
-                _cap_first(request, lane)
             response: Any = await inner.handle_async_request(request)
         except BaseException as exc:
             response = self.broken(lane, exc)
@@ -364,7 +360,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def _enter(self, request: httpx.Request) -> tuple[Lane, float, Any]:
         """A first attempt's lane, when it starts, and its ticket from the lane's
-        gate (None: the general path makes the attempt; nothing was taken)."""
+        gate (None: the general path makes the attempt; nothing was taken). The
+        request's timeouts are capped by the deadline first, where it shortens them."""
         lane = self.bare_lane
         if lane is None:  # HttpFront.lane_of(), inline: by host first
             url = request.url
@@ -379,16 +376,24 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                     or lane.scheme != ref.scheme
                     or lane.port != ref.port
                     or lane.generation != self.guards.generation
-                    or lane.touch_in <= 0
                 ):
                     lane = self._lane_by_host(ref, url)
-                else:
-                    lane.touch_in -= 1
-        started = self.monotonic()
+        try:  # timeouts seen to fit the deadline before need no capping
+            if request.extensions["timeout"] != lane.fitting:
+                _cap_first(request, lane)
+        except KeyError:  # a request built without a client has none
+            pass
+        started = _monotonic() if self.system_clock else self.monotonic()
         quick = lane.quick
         if quick is None:
             gate = lane.gate
-            return lane, started, (True if gate is None else gate.enter(started))
+            if gate is None:
+                return lane, started, True
+            lane.touch_in -= 1
+            if lane.touch_in <= 0:
+                self.touched(lane)
+            return lane, started, gate.enter(started)
+        # (a lane with this gate tells the registry from its budget's batches)
         # QuickGuard.enter(started) of a gate with every part, inline
         core, free, waiters, ring, deposits, _ = quick.parts
         ticket = core.closed_admission
@@ -405,8 +410,11 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             free.pop()
         except IndexError:
             return lane, started, None
-        if started < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
-            deposits.append(1)
+        if started < ring.bucket_end:
+            try:
+                deposits.pop()
+            except IndexError:
+                quick.deposit(started)
         else:
             quick.deposit(started)
         return lane, started, ticket
@@ -416,8 +424,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         header of it names a quota the pacer must learn. Then its gate is settled."""
         if lane.observes:
             try:  # httpx keeps (raw name, lower-cased name, value) triples
-                for _, name, _ in response.headers._list:
-                    if name not in _PLAIN_NAMES:
+                for name in response.headers._list:
+                    if name[1] not in _PLAIN_NAMES:
                         break
                 else:
                     name = None
@@ -436,15 +444,14 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         free.append(None)
         if waiters:
             quick.hand_out()
-        now = quick.monotonic()
-        if (
-            now < core.quiet_until
-            and ticket is core.closed_admission
-            and len(pending) < _BATCH_LESS_ONE
-        ):
-            pending.append(1)
-        else:
-            quick.record(ticket, started, now)
+        now = _monotonic() if self.system_clock else quick.monotonic()
+        if now < core.quiet_until and ticket is core.closed_admission:
+            try:
+                pending.pop()
+                return True
+            except IndexError:
+                pass
+        quick.record(ticket, started, now)
         return True
 
     def _lane_by_host(self, ref: Any, url: httpx.URL) -> Lane:
@@ -492,5 +499,6 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
 
 
 _LOWER_NAME = operator.itemgetter(1)
+_monotonic = time.monotonic
 # The lower-cased header names found in no quota (see client/_front.py).
 _PLAIN_NAMES: set[bytes] = set()

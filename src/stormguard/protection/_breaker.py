@@ -40,7 +40,7 @@ from ..stores._memory import MemoryStore
 from ._breaker_store import BreakerStore, RemoteAdmission
 from ._memory_cells import memory_cell
 from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
-from ._tally import drained
+from ._tally import credits, drained
 
 __all__ = ["CircuitBreaker"]
 
@@ -54,7 +54,6 @@ def default_is_failure(exc: BaseException) -> bool:
 
 
 _RNG = random.Random()
-_BATCH = 256  # lock-free successes counted in one go
 _CM_PERMITS: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
     "stormguard_breaker_permits", default=()
 )
@@ -161,7 +160,7 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         self._config = config
         self._core = BreakerCore.from_config(config)
         self._lock = threading.Lock()
-        self._pending: list[int] = []
+        self._pending = credits()  # lock-free successes (protection/_tally.py)
         # What a Permit reports back through (bound once, not per permit).
         self._reports: tuple[Report, AReport] = (self._record, self._arecord)
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -230,8 +229,7 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         core, lock = self._core, self._lock
         lock.acquire()
         try:
-            if self._pending:
-                self._drain()
+            self._drain()
             admission = core.try_acquire(now, self._rng)
             changed = core.generation != self._last_gen
         finally:
@@ -324,14 +322,13 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
             and admission is core.closed_admission
             and (self._slow is None or now - started < self._slow)
         ):
-            # A success that cannot change the state: queue it without the lock
-            # (list.append is atomic); the next locked operation counts the batch.
-            pending = self._pending
-            pending.append(1)
-            if len(pending) >= _BATCH:
-                with self._lock:
-                    self._drain()
-            return
+            # A success that cannot change the state: counted without the lock by
+            # taking a credit; the next locked operation counts what was taken.
+            try:
+                self._pending.pop()
+                return
+            except IndexError:  # the batch is spent: counted now, with this one
+                pass
         self._outcome(admission, started, failure, now)
 
     def _drain(self) -> None:
@@ -348,8 +345,7 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         core, lock = self._core, self._lock
         lock.acquire()  # (explicit: half the cost of `with` on CPython 3.11)
         try:
-            if self._pending:
-                self._drain()
+            self._drain()
             core.outcome(now, admission, failure, now - started)
             changed = core.generation != self._last_gen
         finally:

@@ -7,12 +7,12 @@
 # budget counts locally (logged once), and rejoins when the store answers.
 #
 # Deposits without the lock: a first attempt made before the newest bucket of the
-# window ends belongs to that bucket, so it can wait to be counted. It is queued
-# in `_deposits` (list.append is one atomic step under the GIL; nothing is lost
-# between threads) and every locked operation counts the queue into that bucket
-# first, before the window moves on: a withdrawal sees every deposit made before
-# it, in the bucket it was made in. The queue is counted every _BATCH deposits
-# too, so it stays short.
+# window ends belongs to that bucket, so it can wait to be counted. It takes one
+# of `_deposits`' credits (list.pop is one atomic step under the GIL; nothing is
+# lost between threads: protection/_tally.py) and every locked operation counts
+# the credits taken into that bucket first, before the window moves on: a
+# withdrawal sees every deposit made before it, in the bucket it was made in. A
+# spent batch is counted at once, with the deposit that found it spent.
 from __future__ import annotations
 
 import threading
@@ -25,11 +25,9 @@ from ..core._budget import RetryBudgetCore
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth
 from ..stores._memory import MemoryStore
 from ._memory_cells import memory_cell
-from ._tally import drained
+from ._tally import credits, drained
 
 __all__ = ["RetryBudget"]
-
-_BATCH = 256  # lock-free deposits counted in one go (as the breaker's successes)
 
 
 class RetryBudget:
@@ -81,7 +79,7 @@ class RetryBudget:
             time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
         )
         self._lock = threading.Lock()
-        self._deposits: list[int] = []
+        self._deposits = credits()
         self.name = name
         self._scripts: ScriptStore | None = None
         self._health = StoreHealth(
@@ -159,18 +157,17 @@ class RetryBudget:
         The success path's form of :meth:`record_request` for a budget without a
         store: no lock while ``now`` falls in the window's newest bucket.
         """
-        queued = now < self._core.ring.bucket_end
-        if queued:
-            deposits = self._deposits
-            deposits.append(1)
-            if len(deposits) < _BATCH:
+        if now < self._core.ring.bucket_end:
+            try:
+                self._deposits.pop()
                 return
+            except IndexError:  # the batch is spent: counted now, with this one
+                pass
         lock = self._lock
         lock.acquire()  # (explicit: half the cost of `with` on CPython 3.11)
         try:
             self._count_deposits()
-            if not queued:
-                self._core.record_request(now)
+            self._core.record_request(now)
         finally:
             lock.release()
 

@@ -456,6 +456,13 @@ class OriginGuards:
                 guard = guards[origin] = self._build(origin)
         return guard
 
+    def touch(self, origin: str) -> None:
+        """Mark ``origin`` recently used, as :meth:`get` does (nothing if it has no guard)."""
+        try:
+            self._guards.move_to_end(origin)  # (O(1), atomic)
+        except KeyError:
+            pass
+
     def _evict(self) -> None:
         # Lock held. The least recently used idle guard goes; busy ones seen on the
         # way move to the recent end (they are in use), so the scan stays O(1).

@@ -14,8 +14,10 @@
 #   ADMIT   the breaker's closed admission, one attribute replaced atomically
 #           (what CircuitBreaker.acquire hands out while closed)
 #   slot    Bulkhead.try_acquire(): a token popped off its free list
-#   COUNT   RetryBudget.deposit(): queued without the lock while the bucket lasts
-#   RECORD  CircuitBreaker.settle(): a success queued without the lock while quiet
+#   COUNT   RetryBudget.deposit(): a credit taken without the lock while the
+#           bucket lasts (protection/_tally.py)
+#   RECORD  CircuitBreaker.settle(): a success's credit taken without the lock
+#           while quiet
 #
 # The gate looks at everything before it takes anything: a gate that finds
 # something pending has taken nothing, and the adapter takes the general path,
@@ -34,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._breaker import _BATCH, CircuitBreaker
+from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
@@ -44,9 +46,15 @@ from ._pacer import Pacer
 __all__ = ["QuickGuard", "quick_guard"]
 
 
-def quick_guard(guard: OriginGuard, monotonic: Callable[[], float]) -> QuickGuard | None:
+def quick_guard(
+    guard: OriginGuard,
+    monotonic: Callable[[], float],
+    touch: Callable[[], object] | None = None,
+) -> QuickGuard | None:
     """``guard``'s lock-free gate when every part is local and reads ``monotonic``
-    (the adapter's clock), else None (the adapter always takes the general path)."""
+    (the adapter's clock), else None (the adapter always takes the general path).
+    ``touch`` tells the registry the origin is in use; the gate calls it whenever
+    it counts its budget's batch of deposits (at least every 256 requests)."""
     breaker, budget = guard.breaker, guard.budget
     cooldown, pacer = guard._cooldown, guard._pacer
     if guard.bulkhead is not None and type(guard.bulkhead) is not Bulkhead:
@@ -63,7 +71,7 @@ def quick_guard(guard: OriginGuard, monotonic: Callable[[], float]) -> QuickGuar
     for part, local in timed:
         if part is not None and not (local and part._monotonic == monotonic):
             return None
-    return QuickGuard(guard)
+    return QuickGuard(guard, touch)
 
 
 class QuickGuard:
@@ -108,11 +116,13 @@ class QuickGuard:
         "pauses",
         "pending",
         "ring",
+        "touch",
         "waiters",
     )
 
-    def __init__(self, guard: OriginGuard) -> None:
+    def __init__(self, guard: OriginGuard, touch: Callable[[], object] | None = None) -> None:
         self.guard = guard
+        self.touch = touch
         breaker, budget, bulkhead = guard.breaker, guard.budget, guard.bulkhead
         self.breaker = breaker
         self.budget = budget
@@ -163,9 +173,11 @@ class QuickGuard:
                 return None
         ring = self.ring
         if ring is not None:  # RetryBudget.deposit(now), its lock-free case inline
-            deposits = self.deposits
-            if now < ring.bucket_end and len(deposits) < _BATCH_LESS_ONE:
-                deposits.append(1)
+            if now < ring.bucket_end:
+                try:
+                    self.deposits.pop()
+                except IndexError:
+                    self.deposit(now)
             else:
                 self.deposit(now)
         return ticket
@@ -194,21 +206,21 @@ class QuickGuard:
         # CircuitBreaker.settle(), its lock-free case inline: a success that cannot
         # change the state is queued (no slow_call here: see quick_guard()).
         now = self.monotonic()
-        pending = self.pending
-        if (
-            not failure
-            and now < core.quiet_until
-            and ticket is core.closed_admission
-            and len(pending) < _BATCH_LESS_ONE
-        ):
-            pending.append(1)
-        else:
-            self.record(ticket, started, now, failure)
+        if not failure and now < core.quiet_until and ticket is core.closed_admission:
+            try:
+                self.pending.pop()
+                return
+            except IndexError:
+                pass
+        self.record(ticket, started, now, failure)
 
     def deposit(self, now: float) -> None:
-        """The budget's count of a first attempt, by its own method (the queue is
-        full, or ``now`` is past the newest bucket)."""
+        """The budget's count of a first attempt, by its own method (its batch of
+        credits is spent, or ``now`` is past the newest bucket); the registry
+        hears the origin is in use."""
         self.budget.deposit(now)
+        if self.touch is not None:
+            self.touch()
 
     def hand_out(self) -> None:
         """A slot given back while callers wait for one: the first in line gets it."""
@@ -226,8 +238,3 @@ class QuickGuard:
         """
         if self.bulkhead is not None:
             self.bulkhead.release()
-
-
-# Queued counts are counted under the lock at _BATCH (the breaker's and the
-# budget's); the inline cases leave the batch's last one to the object's method.
-_BATCH_LESS_ONE = _BATCH - 1
