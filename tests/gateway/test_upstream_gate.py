@@ -7,6 +7,7 @@ from typing import Any
 
 from stormguard.gateway._config import Upstream as UpstreamSettings
 from stormguard.gateway._upstream import Held, UpstreamPool
+from stormguard.protection._tally import BATCH
 from stormguard.server._refusal import Refusal
 from stormguard.stores import MemoryStore
 
@@ -54,16 +55,17 @@ def test_failures_reported_through_the_gate_open_the_breaker() -> None:
 
 
 def test_successes_through_the_gate_are_counted() -> None:
-    """Successes settled through the gate reach the breaker's window (batched)."""
+    """Successes settled through the gate reach the breaker's window, past a spent
+    batch of lock-free credits too."""
     p = pool()
-    for _ in range(40):
+    for _ in range(BATCH + 44):
         held = gated(p)
         p.settle(held, False)
         p.done(held)
     breaker: Any = p.breaker
     with breaker._lock:
         breaker._drain()
-    assert breaker._core._totals() == (40, 0)
+    assert breaker._core._totals() == (BATCH + 44, 0)
 
 
 def test_a_request_that_never_reached_the_upstream_counts_nothing() -> None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core._breaker import Admission as BreakerAdmission
 from ..protection import CircuitBreaker, RetryBudget
-from ..protection._breaker import _BATCH
 from ..protection._bulkhead import Bulkhead
 from ..protection._permit import BreakerEvent, Permit
 from ..server._admission import Admission
@@ -28,10 +27,6 @@ if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["Held", "Holder", "Target", "UpstreamPool"]
-
-# Successes queued without the breaker's lock are counted under it at _BATCH; the
-# inline case leaves the batch's last one to CircuitBreaker.settle.
-_BATCH_LESS_ONE = _BATCH - 1
 
 
 class Target:
@@ -135,12 +130,12 @@ class UpstreamPool:
     # bulkhead has no per-client share, admitting a request that nothing has to
     # decide -- the breaker closed, a slot free, nobody waiting -- is taking the
     # breaker's closed admission (one attribute) and popping a token off the
-    # bulkhead's free list; its success is queued to the breaker without the lock
-    # (CircuitBreaker.settle) and its slot pushed back (Bulkhead.release). Anything
+    # bulkhead's free list; its success takes a breaker credit without the lock
+    # (CircuitBreaker.settle) and its slot goes back (Bulkhead.release). Anything
     # else is admit_now's, which has taken nothing.
 
     def _quick_gate(self) -> tuple[Any, Any, Any, Any] | None:
-        # (breaker core, its queue of lock-free successes, bulkhead, its free list)
+        # (breaker core, its lock-free success credits, bulkhead, its free list)
         breaker, admission = self.breaker, self.bulkhead
         if self._shared:
             return None
@@ -193,16 +188,15 @@ class UpstreamPool:
         core, pending, _, _ = self._gate  # type: ignore[misc]
         breaker: Any = self.breaker
         now = breaker._monotonic()
-        # CircuitBreaker.settle(), its lock-free case inline (no slow_call here).
-        if (
-            not failure
-            and now < core.quiet_until
-            and ticket is core.closed_admission
-            and len(pending) < _BATCH_LESS_ONE
-        ):
-            pending.append(1)
-        else:
-            breaker.settle(ticket, 0.0, now, failure)
+        # CircuitBreaker.settle(), its lock-free case inline (no slow_call here): a
+        # success that cannot change the state takes a credit (protection/_tally.py).
+        if not failure and now < core.quiet_until and ticket is core.closed_admission:
+            try:
+                pending.pop()
+                return
+            except IndexError:  # the batch is spent: the breaker counts it now
+                pass
+        breaker.settle(ticket, 0.0, now, failure)
 
     def admit_now(self, client: str) -> Held | Refusal | None:
         """:meth:`admit` when nothing has to be awaited: a breaker in this process and
