@@ -20,6 +20,7 @@ BENCHMARKS = {
     "server": "bench.bench_server",
     "gateway": "bench.bench_gateway",
     "gateway-counts": "bench.bench_gateway_counts",
+    "gateway-instructions": "bench.bench_gateway_instructions",
     "gateway-grpc": "bench.bench_gateway_grpc",
     "http": "bench.bench_http",
     "http-counts": "bench.bench_http_counts",

@@ -385,9 +385,11 @@ async def test_a_connections_client_is_named_once_when_only_its_address_can_name
     assert b.proto.client_known[2] == "ip:10.1.2.3"
     store = b.gateway.runtime.store
     assert [k for k in store._data if "stale" in k] == []  # limits charged the real client
-    rules, limits = b.proto.limits_known  # and its limit keys are kept for the route
+    rules, _ = b.proto.limits_known  # and the hit of its limit keys is kept for the route
     assert rules is b.gateway.runtime.routes[0].rules
-    assert [key for _, _, key in limits] == ["fn:ip:10.1.2.3", "global"]
+    b.request(GET)
+    b.answer(OK)
+    assert sorted(k.split("\x00")[1] for k in store._data) == ["fn:ip:10.1.2.3", "global"]
 
 
 async def test_kept_limit_keys_still_refuse_at_the_limit(bench: Any) -> None:
@@ -489,3 +491,114 @@ async def test_an_unreachable_upstream_after_the_await_is_a_502(
     lines, _ = _head_and_body(b.client.take())
     assert lines[0] == b"HTTP/1.1 502 Bad Gateway"
     assert b.gateway.runtime.upstreams["a"].in_flight == 0
+
+
+async def test_each_request_on_a_connection_carries_its_own_headers(bench: Any) -> None:
+    """The header lines kept from a connection's last request go out only for the same
+    headers and method: changed headers or another method are rendered afresh."""
+    b = await bench()
+    first = b.request(GET)
+    b.answer(OK)
+    other = b.request(GET.replace(b"Accept: */*", b"Accept: text/html"))
+    b.answer(OK)
+    again = b.request(GET)
+    b.answer(OK)
+    options = b.request(GET.replace(b"GET ", b"OPTIONS ", 1))
+    b.answer(OK)
+    assert b"accept: */*\r\n" in first and b"text/html" not in first
+    assert b"accept: text/html\r\n" in other and b"*/*" not in other
+    assert again == first
+    assert options == first.replace(b"GET ", b"OPTIONS ", 1)
+
+
+async def test_a_reload_of_the_trusted_proxies_changes_the_forwarded_chain(
+    bench: Any, tmp_path: Path
+) -> None:
+    """The kept header lines belong to the identity rules they were made with: after
+    a reload that trusts the peer, its X-Forwarded-For chain is kept."""
+    b = await bench()
+    forwarded = GET.replace(b"Accept", b"X-Forwarded-For: 192.0.2.7\r\nAccept")
+    assert b"X-Forwarded-For: 10.1.2.3\r\n" in b.request(forwarded)
+    b.answer(OK)
+    config = yaml.safe_load((tmp_path / "gateway.yaml").read_text())
+    config["clients"] = {"key": ["ip"], "trusted_proxies": ["10.0.0.0/8"]}
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    b.gateway.swap(load_config(tmp_path / "gateway.yaml"))
+    assert b"X-Forwarded-For: 192.0.2.7, 10.1.2.3\r\n" in b.request(forwarded)
+    b.answer(OK)
+
+
+async def test_each_answer_on_a_connection_gets_its_own_head(bench: Any) -> None:
+    """The head kept from a connection's last answer goes out only for the same
+    status and headers: another status or a changed header is rendered afresh."""
+    b = await bench()
+    heads = []
+    for answer in (
+        OK,
+        OK,
+        OK.replace(b"Server: up", b"Server: up2"),
+        OK.replace(b"200 OK", b"201 Created"),
+        OK,
+    ):
+        b.request(GET)
+        heads.append(_head_and_body(b.answer(answer))[0])
+    assert heads[0] == heads[1] == heads[4]
+    assert heads[2] == [line.replace(b"server: up", b"server: up2") for line in heads[0]]
+    assert heads[3] == [b"HTTP/1.1 201 Created", *heads[0][1:]]
+    b.request(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    lines, _ = _head_and_body(b.answer(OK))
+    assert lines == [*heads[0], b"connection: close"]  # the client's connection ends
+
+
+async def test_a_request_target_seen_again_reads_alike(bench: Any) -> None:
+    """A target parsed before gives the same scope path (percent-decoded), raw path and
+    query; the table of targets is cleared when full, not grown."""
+    from stormguard.gateway import _h1server
+
+    b = await bench()
+    request = b"GET /items%20x?page=2 HTTP/1.1\r\nHost: x\r\n\r\n"
+    sent = []
+    for _ in range(2):
+        sent.append(b.request(request))
+        scope = b.proto.scope
+        assert (scope["path"], scope["raw_path"], scope["query_string"]) == (
+            "/items x",
+            b"/items%20x",
+            b"page=2",
+        )
+        b.answer(OK)
+    assert sent[0] == sent[1] and sent[0].startswith(b"GET /items%20x?page=2 HTTP/1.1\r\n")
+    _h1server._TARGETS.update({b"/%d" % i: ("", b"", b"") for i in range(_h1server._MAX_TARGETS)})
+    b.request(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert list(_h1server._TARGETS) == [b"/other"]
+
+
+class _LoopClock:
+    """The running loop with a loop time the test sets (what the upstream pool reads)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        self.loop, self.now = loop, now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
+
+
+async def test_a_read_that_leaves_the_answer_due_restarts_the_silence(bench: Any) -> None:
+    """The read timeout counts silence from the last read of an answer still due; the
+    read that completes it takes the connection off the watch."""
+    b = await bench()
+    h1 = b.conn.pool
+    clock = h1.loop = _LoopClock(asyncio.get_running_loop(), 100.0)
+    b.request(GET)
+    assert b.conn.last_read == 100.0 and b.conn in h1.busy
+    clock.now = 103.0
+    b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+    assert b.conn.last_read == 103.0 and b.conn in h1.busy
+    b.conn.check_timeout(107.5, 6.0)  # silent 4.5 s since the last read: not 6
+    assert not b.conn.closed
+    clock.now = 104.0
+    assert b.answer(b"cd").endswith(b"abcd")
+    assert b.conn not in h1.busy and b.conn in b.conn.endpoint.idle

@@ -234,3 +234,45 @@ def test_stale_keep_alive_connection_is_sent_again(gateway_factory: Factory) -> 
         assert up.connections >= 3
     finally:
         up.close()
+
+
+ROUTED = {
+    "upstreams": {"a": {"url": "http://127.0.0.1:9"}, "b": {"url": "http://127.0.0.1:10"}},
+    "routes": [
+        {"path": "/api", "upstream": "a", "methods": ["GET"]},
+        {"path": "/api", "upstream": "b", "host": "admin.example"},
+        {"path": "/", "upstream": "b"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "host", "upstream"),
+    [
+        ("/api/x", "GET", None, "a"),
+        ("/api/x", "DELETE", None, "b"),  # not a method of the first /api route
+        ("/api/x", "DELETE", "admin.example", "b"),
+        ("/apix", "GET", None, "b"),  # a prefix matches whole segments
+        ("/", "GET", "other.example", "b"),
+    ],
+)
+def test_a_route_found_again_is_the_route_the_table_gives(
+    path: str, method: str, host: str | None, upstream: str
+) -> None:
+    """Runtime.match answers the same the first time and from its table afterwards."""
+    runtime = Runtime(parse_config(yaml.safe_dump(ROUTED)), GatewayMetrics())
+    first = runtime.match(path, method, host)
+    assert first is not None and first.upstream.name == upstream
+    assert runtime.match(path, method, host) is first
+
+
+def test_the_route_table_is_bounded_and_new_with_each_runtime() -> None:
+    """Many distinct paths keep the table within its bound; a reload starts afresh."""
+    config = parse_config(yaml.safe_dump(ROUTED))
+    runtime = Runtime(config, GatewayMetrics())
+    for i in range(3000):
+        assert runtime.match(f"/p{i}", "GET", None) is runtime.routes[-1]
+    assert 0 < len(runtime._matched) <= 1024
+    reloaded = Runtime(config, GatewayMetrics(), previous=runtime)
+    assert reloaded._matched == {}
+    assert reloaded.match("/api", "GET", None) is reloaded.routes[0]

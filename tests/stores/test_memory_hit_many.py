@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +108,73 @@ def test_quiet_hit_many_still_hands_out_a_lease() -> None:
     limits = [(Concurrency(2, 10.0), "slots", "a"), (TokenBucket(1, 5), "global", "all")]
     answer = store.hit_many(limits, 1.0, quiet=True)
     assert answer is not None and answer[0].lease
+
+
+@settings(max_examples=150, deadline=None)
+@given(pairs, traces)
+def test_group_hitter_answers_and_stores_like_quiet_hit_many(pair: tuple, trace: list) -> None:
+    """A group hitter built once per key set answers None exactly where quiet hit_many
+    does, else hands the hit to ``otherwise``; the stored table stays identical."""
+    group_clock, plain_clock = FakeClock(), FakeClock()
+    group, plain = MemoryStore(clock=group_clock), MemoryStore(clock=plain_clock)
+    client, everyone = pair
+    hitters: dict[tuple[str, float], object] = {}
+    for key, dt, cost in trace:
+        group_clock.advance(dt)
+        plain_clock.advance(dt)
+        limits = [(client, "client", key), (everyone, "global", "all")]
+        hit = hitters.get((key, cost))
+        if hit is None:
+
+            def otherwise(limits: list = limits, cost: float = cost) -> object:
+                return group.hit_many(limits, cost, quiet=True)
+
+            hit = hitters[key, cost] = group.group_hitter(limits, cost, otherwise)
+        expected = plain.hit_many(limits, cost, quiet=True)
+        answer = hit()  # type: ignore[operator]
+        assert answer == expected
+        assert list(group._data.items()) == list(plain._data.items())
+
+
+def test_group_hitter_leaves_leases_and_peeks_to_otherwise() -> None:
+    """With a Concurrency limit or a cost of 0 the group hitter is ``otherwise`` itself."""
+    store = MemoryStore(clock=FakeClock())
+    leased = [(Concurrency(2, 10.0), "slots", "a"), (TokenBucket(1, 5), "global", "all")]
+    plain = [(TokenBucket(1, 5), "client", "a")]
+
+    def otherwise() -> str:
+        return "decided the long way"
+
+    assert store.group_hitter(leased, 1.0, otherwise) is otherwise
+    assert store.group_hitter(plain, 0.0, otherwise) is otherwise
+    assert store.group_hitter(plain, 1.0, otherwise)() is None
+
+
+def test_group_hitter_refusal_takes_nothing() -> None:
+    """A refusal goes to ``otherwise`` with every quota as it was (all or nothing)."""
+    store = MemoryStore(clock=FakeClock())
+    limits = [(TokenBucket(1, 5), "client", "a"), (TokenBucket(1, 1), "global", "all")]
+    hit = store.group_hitter(limits, 1.0, lambda: store.hit_many(limits, 1.0))
+    assert hit() is None
+    refused = hit()
+    assert refused is not None and [d.allowed for d in refused] == [True, False]
+    assert refused[0].remaining == 4  # the client's bucket was not charged by the refusal
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_group_hitter_of_one_or_three_limits_stores_like_quiet_hit_many(count: int) -> None:
+    """The group hitter's general loop (not the written-out pair) answers and stores
+    like quiet hit_many, through admissions and a refusal."""
+    group_clock, plain_clock = FakeClock(), FakeClock()
+    group, plain = MemoryStore(clock=group_clock), MemoryStore(clock=plain_clock)
+    limits = [
+        (TokenBucket(2, 3), "client", "a"),
+        (sg.SlidingWindowCounter(4, 1.0), "global", "all"),
+        (sg.GCRA(1, 5), "route", "r"),
+    ][:count]
+    hit = group.group_hitter(limits, 1.0, lambda: group.hit_many(limits, 1.0, quiet=True))
+    for dt in [0.0, 0.1, 0.1, 0.1, 0.1, 0.5, 0.0, 2.0]:
+        group_clock.advance(dt)
+        plain_clock.advance(dt)
+        assert hit() == plain.hit_many(limits, 1.0, quiet=True)
+        assert list(group._data.items()) == list(plain._data.items())

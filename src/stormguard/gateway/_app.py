@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..server._types import Receive, Scope, Send
@@ -32,6 +34,10 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.workers = workers
         self.runtime = Runtime(config, self.metrics, workers=workers)
+        # The callback path of the current runtime (_fastpath.begin bound to it),
+        # ``fast(proto, scope, keep_alive)``: the server calls it for each request
+        # (None: the server runs the ASGI app for it). Replaced with the runtime.
+        self.fast: Callable[[Any, Any, bool], Any] = partial(begin, self.runtime)
         self.hub = WebSocketHub()
         self.ready = False
         self._refresher: asyncio.Task[None] | None = None
@@ -40,14 +46,10 @@ class Gateway:
         """Atomically replace the configuration (the new one is already validated)."""
         new = Runtime(config, self.metrics, workers=self.workers, previous=self.runtime)
         old, self.runtime = self.runtime, new
+        self.fast = partial(begin, new)
         asyncio.get_running_loop().call_later(
             old.config.drain + 1.0, lambda: asyncio.ensure_future(new.close_retired())
         )
-
-    def fast(self, proto: Any, scope: Any, keep_alive: bool) -> Any:
-        """Serve a request on the callback path (_fastpath.py) if it qualifies;
-        None: the server runs the ASGI app for it."""
-        return begin(self.runtime, proto, scope, keep_alive)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

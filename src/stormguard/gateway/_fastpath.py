@@ -10,7 +10,8 @@
 # is most of the gateway's per-request cost (bench/bench_gateway.py).
 #
 # The rules are the proxy leg's (_proxy.py), called, not copied: route_of,
-# identify, limit_refusal, admit_now, request/response_headers, account. A request
+# identify, limit_refusal, the pool's enter (its lock-free gate) or admit_now,
+# request/response_headers, account. A request
 # that is anything else -- a body, a WebSocket, an idempotent or shaped route,
 # Concurrency limits, retries, a store that must be awaited, no idle connection,
 # a breaker or bulkhead that refuses or would make it wait -- is handed to the
@@ -23,13 +24,14 @@ import time
 from typing import Any
 
 from .._errors import CircuitOpen
+from ..protection._permit import Permit
 from ..server._refusal import Refusal, unavailable
 from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
-from ._upstream import Held, Target, UpstreamPool
+from ._upstream import Held, Holder, Target, UpstreamPool
 from ._wire import request_headers, response_head
 
 __all__ = ["begin"]
@@ -94,13 +96,14 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     if mode == ASGI:
         return None
     pool = route.upstream
-    view = ScopeView(scope)
+    view: ScopeView | None = None  # the request as the rules read it, made when asked
     identity = rt.identity
     known = proto.client_known  # (identity, rule, key, client id) of this connection
     steady = known is not None and known[0] is identity
     if steady:
         _, rule, key, client = known
     else:
+        view = ScopeView(scope)
         rule, key = identity.identify(view)
         client = client_id(key)
         # The same client on every request of the connection, when only its address
@@ -108,53 +111,74 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
         proto.client_known = (identity, rule, key, client) if identity.per_connection else None
     if mode == AWAIT:
         scope[CLIENT_KEY] = key
-        nothing = Held(None, client, False)  # admitted by the task, later
-        exchange = FastExchange(
-            proto, scope, keep_alive, rt, route, pool, nothing, None, time.perf_counter()
+        exchange = FastExchange(  # admitted by the task, later
+            proto, scope, keep_alive, rt, route, pool, None, None, time.perf_counter(), None
         )
         exchange.client, exchange.rule = client, rule
         # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
-        exchange.waiting = proto.loop.create_task(exchange.admit_then_send(view))
+        exchange.waiting = proto.loop.create_task(
+            exchange.admit_then_send(view or ScopeView(scope))
+        )
         return exchange
-    turn = pool.turn
     ready = pool.pick_ready()
     if ready is None:
         return None
-    target, conn = ready
-    try:
-        held = pool.admit_now(client)
-    except CircuitOpen:
-        held = None
-    if not isinstance(held, Held):  # refused or would wait: the ASGI path decides
-        pool.client.idle(conn)
-        pool.turn = turn
-        return None
+    target, conn, turn = ready
+    held: Held | None = None
+    ticket = pool.enter()
+    if ticket is None:  # the lock-free gate cannot say: the pool's own methods
+        try:
+            admitted = pool.admit_now(client)
+        except CircuitOpen:
+            admitted = None
+        if not isinstance(admitted, Held):  # refused or would wait: the ASGI path decides
+            pool.client.idle(conn)
+            pool.turn = turn
+            return None
+        held = admitted
     started = time.perf_counter()
     scope[CLIENT_KEY] = key
-    exchange = FastExchange(proto, scope, keep_alive, rt, route, pool, held, target, started)
+    exchange = FastExchange(
+        proto, scope, keep_alive, rt, route, pool, held, target, started, ticket
+    )
     exchange.client, exchange.rule = client, rule
     rules = route.rules
     if rules is not None:
         # A connection's one client meets the same limit keys on every request
-        # (a route's limits are per client or global): found once per route.
+        # (a route's limits are per client or global): found once per route, and
+        # decided by the store's group hitter for them (RuleSet.refusal_hitter).
         cached = proto.limits_known
         if steady and cached is not None and cached[0] is rules:
-            decision = rules.refusal_of(cached[1])
+            decision = cached[1]()
         else:
+            view = view or ScopeView(scope)
             limits = rules.plain_limits(view)
             if limits is None:
                 decision = rules.refusal(view, method, scope["path"])
+            elif proto.client_known is not None:  # this client, from now on
+                refusal = rules.refusal_hitter(limits)
+                proto.limits_known = (rules, refusal)
+                decision = refusal()
             else:
-                if proto.client_known is not None:  # this client, from now on
-                    proto.limits_known = (rules, limits)
                 decision = rules.refusal_of(limits)
         if decision is not None:
             pool.client.idle(conn)
             pool.turn = turn
             exchange.refuse(limit_refusal(route, decision))
             return exchange
-    exchange.send(conn, view)
+    exchange.send(conn)
     return exchange
+
+
+class _NoEvent:
+    """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
+
+    __slots__ = ()
+    # A no-op in C (uvicorn's protocol calls it once per request): set() -> None.
+    set = object.__init__
+
+
+_NO_EVENT = _NoEvent()
 
 
 class FastExchange(_Exchange):
@@ -170,7 +194,9 @@ class FastExchange(_Exchange):
     _outbox.py); a streamed body goes out at once.
     """
 
+    message_event = _NO_EVENT  # uvicorn's protocol calls its set(); nobody waits on it
     __slots__ = (
+        "admitted",
         "body",
         "chunked",
         "disconnected",
@@ -178,11 +204,11 @@ class FastExchange(_Exchange):
         "head",
         "held",
         "keep_alive",
-        "message_event",
         "method",
         "more_body",
         "on_lost",
         "pending",
+        "permit",
         "pool",
         "proto",
         "request",
@@ -195,6 +221,7 @@ class FastExchange(_Exchange):
         "sent",
         "started",
         "target",
+        "ticket",
         "waiting",
         "whole",
     )
@@ -207,25 +234,32 @@ class FastExchange(_Exchange):
         rt: Runtime,
         route: CompiledRoute,
         pool: UpstreamPool,
-        held: Held,
+        held: Held | None,
         target: Target | None,
         started: float,
+        ticket: Any,
     ) -> None:
         # _Exchange's fields, set here (one frame less per request)
         self.outcome, self.status, self.client, self.rule, self.upstream = "allowed", 0, "", "", ""
         self.gone = self.done = False
         self.proto, self.scope, self.keep_alive = proto, scope, keep_alive
         self.method = scope["method"]
-        self.rt, self.route, self.pool, self.held = rt, route, pool, held
+        self.rt, self.route, self.pool = rt, route, pool
+        # What the request holds of the upstream: the Held the pool's methods gave,
+        # else (None) the exchange holds it itself (a Holder): the ticket of the
+        # pool's lock-free gate (UpstreamPool.enter), and the bulkhead slot.
+        self.held = held
+        self.ticket = ticket
+        self.admitted = ticket is not None
+        self.permit: Permit | None = None
         self.target: Any = target  # a Target once one is picked (the awaited path: later)
         self.started = started
         self.sent = 0.0
         self.response_complete = self.disconnected = False
         self.more_body = False
         self.body = b""
-        self.message_event = _NO_EVENT
         self.response: H1Response | None = None
-        self.request: tuple[str, bytes, list[tuple[bytes, bytes]]] = ("GET", b"/", [])
+        self.request: tuple[str, bytes, bytes] = ("GET", b"/", b"")  # method, target, lines
         self.resend: asyncio.Task[None] | None = None  # the one resend, if it came to that
         self.head = b""  # the answer's head, until it goes out with the first body bytes
         self.whole = False  # the answer is small: its body goes out in one write
@@ -237,17 +271,29 @@ class FastExchange(_Exchange):
 
     # -- the request, to the upstream connection -----------------------------------------
 
-    def send(self, conn: Any, view: ScopeView) -> None:
+    def send(self, conn: Any) -> None:
         """Send the request on ``conn`` (idle, to ``self.target``); its answer comes
         back through the sink methods below."""
-        pool, scope = self.pool, self.scope
+        pool, scope, proto, method = self.pool, self.scope, self.proto, self.method
         self.upstream = pool.name
-        headers = request_headers(scope, self.rt.identity.trusted_peer(view))
+        # The header lines depend on the request's headers, the connection's peer
+        # and scheme, and the identity rules (a trusted proxy's X-Forwarded-For):
+        # a connection sending the same headers again sends the lines kept from
+        # its last request (one kept per connection; a reload brings new rules).
+        raw = scope["headers"]
+        identity = self.rt.identity
+        kept = proto.header_block
+        if kept is not None and kept[1] is identity and kept[2] == method and kept[0] == raw:
+            block = kept[3]
+        else:
+            headers = request_headers(scope, identity.trusted_peer(ScopeView(scope)))
+            block = pool.client.header_block(method, headers)
+            proto.header_block = (raw, identity, method, block)
         path = scope["raw_path"]
         query = scope["query_string"]
         self.sent = time.perf_counter()
-        self.request = (self.method, path + b"?" + query if query else path, headers)
-        self.response = pool.client.send_now(conn, *self.request, self, self.proto.outbox)
+        self.request = (method, path + b"?" + query if query else path, block)
+        self.response = pool.client.send_now(conn, *self.request, self, proto.outbox)
 
     async def admit_then_send(self, view: ScopeView) -> None:
         """The awaited path (AWAIT): the route's limits, then the upstream's breaker
@@ -294,7 +340,7 @@ class FastExchange(_Exchange):
                 if self.client_left():
                     client.idle(conn)
                     return
-            self.send(conn, view)
+            self.send(conn)
         except Exception:  # a bug must not leave the client without an answer
             log.exception("gateway error on %s %s", self.method, self.scope["path"])
             if self.status == 0 and not self.client_left():
@@ -312,20 +358,36 @@ class FastExchange(_Exchange):
         self.rt.metrics.observe_latency(self.pool.name, time.perf_counter() - self.sent)
         status = response.status
         failed = status >= 500
-        self.pool.report(self.target, failed)
-        self._report(failed)
+        pool, target = self.pool, self.target
+        if failed or target.failures:  # (a success after successes changes nothing)
+            pool.report(target, failed)
+        if self.ticket is not None and self.held is None:  # the pool's lock-free gate
+            pool.settle(self, failed)
+        else:
+            self._report(failed)
         self.status = status
         length = response.content_length
         bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS
-        self.chunked = length is None and not bodiless
+        chunked = self.chunked = length is None and not bodiless
         self.whole = length is not None and length <= _BUFFER
-        self.head = response_head(
-            status,
-            response.raw_headers,
-            self.proto.server_state.default_headers,
-            self.keep_alive,
-            self.chunked,
-        )
+        # The head is a function of these alone: a connection whose upstream
+        # answers alike again (its Date changes once a second) sends the head kept
+        # from its last answer (one kept per connection).
+        proto = self.proto
+        raw = response.raw_headers
+        default = proto.server_state.default_headers
+        kept = proto.answer_head
+        if (
+            kept is not None
+            and kept[0] == status
+            and kept[2] is default
+            and kept[3] == (self.keep_alive, chunked)
+            and kept[1] == raw
+        ):
+            self.head = kept[4]
+        else:
+            self.head = head = response_head(status, raw, default, self.keep_alive, chunked)
+            proto.answer_head = (status, raw, default, (self.keep_alive, chunked), head)
 
     def answer_body(self, chunk: bytes) -> None:
         if self.whole:
@@ -421,7 +483,7 @@ class FastExchange(_Exchange):
         except (UpstreamError, TimeoutError) as exc:
             self.answer_error(exc)
             return
-        if not self.held.admitted:  # the client went away meanwhile
+        if not (self.held or self).admitted:  # the client went away meanwhile
             client.idle(conn)
             return
         self.response = client.send_now(conn, *self.request, self, self.proto.outbox)
@@ -464,7 +526,10 @@ class FastExchange(_Exchange):
         """Tell the breaker how the call went (None: it never reached the upstream),
         once. A permit of a shared breaker reports to the store: in a task, which the
         answer does not wait for."""
-        held = self.held
+        held: Holder = self.held or self
+        if held.ticket is not None:  # admitted by the pool's lock-free gate
+            self.pool.settle(held, failure)
+            return
         permit = held.permit
         if permit is None:
             return
@@ -486,18 +551,7 @@ class FastExchange(_Exchange):
         self.response = None
         if not self.finished:
             self.finished = True
-            held = self.held
+            held: Holder = self.held or self
             if held.admitted:
                 self.pool.done(held)
             account(self.rt, self.route, self.scope, self, self.started)
-
-
-class _NoEvent:
-    """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
-
-    __slots__ = ()
-    # A no-op in C (uvicorn's protocol calls it once per request): set() -> None.
-    set = object.__init__
-
-
-_NO_EVENT = _NoEvent()

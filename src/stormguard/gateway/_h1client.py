@@ -44,6 +44,7 @@ __all__ = [
 _NO_CHUNKS: deque[bytes] = deque(maxlen=0)  # shared, always empty (see H1Response)
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+_METHOD_BYTES = {m: m.encode("ascii") for m in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE")}
 _NO_BODY_STATUS = (204, 304)
 _PREPARING = 4  # connections opened ahead at once (H1Pool.prepare)
 
@@ -220,11 +221,13 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.received = True
-        self.last_read = self.pool.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+            return
+        if not response.complete:  # still due: the silence is counted from now
+            self.last_read = self.pool.loop.time()
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost tells the exchange
@@ -308,7 +311,9 @@ class _Connection(asyncio.Protocol):
             response.keep_alive = False
         if response.sink is not None:
             response.sink.answer_end()
-            response._finished()
+            if response._conn is not None:  # response._finished(), inline
+                response._conn = None
+                self.finish(response)
             return
         response._wake()
 
@@ -334,7 +339,10 @@ class _Connection(asyncio.Protocol):
         now = loop.time()
         self.last_read = now
         self.deadline = now + total if total else 0.0
-        self.pool.watch(self)
+        pool = self.pool
+        pool.busy.add(self)  # watched by the pool's sweep (started with the first)
+        if pool._sweeper is None:
+            pool._sweeper = loop.call_later(pool._sweep_every, pool._sweep)
 
     def check_timeout(self, now: float, read: float) -> None:
         """Fail the exchange if the upstream has been silent (or slow) too long."""
@@ -363,7 +371,13 @@ class _Connection(asyncio.Protocol):
         self.headers_ready = None
         self.pool.busy.discard(self)  # _cancel_timer()
         if response.complete and response.keep_alive and not self.closed and not self.paused:
-            self.pool.idle(self)
+            pool = self.pool
+            if pool._closed:  # pool.idle(self), inline
+                self.close()
+                return
+            self.endpoint.idle.append(self)
+            if pool._waiters:
+                pool._wake_one()
         else:
             self.close()
 
@@ -435,11 +449,6 @@ class H1Pool:
             if conn in idle:
                 idle.remove(conn)
             self._wake_one()
-
-    def watch(self, conn: _Connection) -> None:
-        self.busy.add(conn)
-        if self._sweeper is None:
-            self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -524,7 +533,8 @@ class H1Pool:
 
     def take_idle(self, base: str) -> _Connection | None:
         """An idle connection to the target at ``base`` if there is one (else None)."""
-        idle = self._endpoint(base).idle
+        endpoint = self._endpoints.get(base)
+        idle = (endpoint or self._endpoint(base)).idle
         while idle:
             conn = idle.pop()
             if not conn.closed:
@@ -582,18 +592,38 @@ class H1Pool:
         conn: _Connection,
         method: str,
         target: bytes,
-        headers: list[tuple[bytes, bytes]],
+        block: bytes,
         sink: Sink,
         outbox: Outbox,
     ) -> H1Response:
         """Send a bodyless request on ``conn`` (from :meth:`take_idle`) with the
-        loop pass's other writes (``outbox``); ``sink`` hears the answer. Errors reach
+        loop pass's other writes (``outbox``); ``block`` is its header lines after
+        Host (:meth:`header_block`); ``sink`` hears the answer. Errors reach
         ``sink.error``, never the caller."""
         response = H1Response(conn, sink)
         conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
         assert conn.transport is not None
-        outbox.write(conn.transport, self._head(conn.endpoint, method, target, headers, None))
+        endpoint = conn.endpoint
+        head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s" % (
+            _METHOD_BYTES.get(method) or method.encode("ascii"),
+            endpoint.prefix,
+            target or b"/",
+            endpoint.host_header,
+            block,
+        )
+        outbox.write(conn.transport, head)
         return response
+
+    @staticmethod
+    def header_block(method: str, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The header lines of a bodyless ``method`` request after Host, and the
+        blank line (what :meth:`send_now` sends; it depends on nothing else, so a
+        caller sending the same headers again may keep it)."""
+        parts: list[bytes] = []
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(b"\r\n" if method in _IDEMPOTENT else b"Content-Length: 0\r\n\r\n")
+        return b"".join(parts)
 
     # -- the exchange -------------------------------------------------------------------
 

@@ -14,6 +14,9 @@
 # * the client's disconnect is reported to whoever registered for it
 #   (`scope[DISCONNECT]`), so the proxy leg needs no watcher task to cancel the
 #   upstream exchange.
+# * a request target is parsed once (a bounded table: path, raw path, query), and
+#   the app's callback path (`fast`) is read per request, so a reload reaches
+#   connections already open;
 # * the callback path's writes of one loop pass go out together (`outbox`, one
 #   per listener, _outbox.py); what uvicorn writes or closes directly here is
 #   preceded by a flush, so that a connection's bytes keep their order.
@@ -42,6 +45,12 @@ _METHODS = {
     m.encode("ascii"): m
     for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT")
 }
+
+
+# Request target -> (path, raw path, query), as the scope has them: a few targets
+# arrive again and again. Bounded: cleared when full.
+_TARGETS: dict[bytes, tuple[str, bytes, bytes]] = {}
+_MAX_TARGETS = 1024
 
 
 class LeanCycle(RequestResponseCycle):
@@ -139,7 +148,9 @@ class GatewayProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`LeanCycle` and one timer per request."""
 
     header_timeout = 10.0
-    fast: Callable[[Any, Any, bool], Any] | None = None
+    # The app when it has a callback path: its ``fast(proto, scope, keep_alive)``,
+    # read per request (a reload replaces it).
+    fast_app: Any = None
     # Per listener class (gateway_protocol): the connections waiting for a request
     # head, and the one timer that sweeps them.
     _watched: ClassVar[set[GatewayProtocol]] = set()
@@ -150,9 +161,15 @@ class GatewayProtocol(HttpToolsProtocol):
     # The client of every request on this connection, when the identity rules make it
     # one (_fastpath.begin): (identity, rule, key, client id).
     client_known: tuple[Any, str, str, str] | None = None
-    # With client_known: a route's rule set and the (algorithm, name, key) of its
-    # limits for that client (_fastpath.begin; RuleSet.plain_limits).
-    limits_known: tuple[Any, list[tuple[Any, str, str]]] | None = None
+    # With client_known: a route's rule set and the refusal of its limits for that
+    # client (_fastpath.begin; RuleSet.refusal_hitter).
+    limits_known: tuple[Any, Callable[[], Any]] | None = None
+    # The upstream request's header lines of the last request on this connection:
+    # (its headers, identity rules, method, lines) (_fastpath.FastExchange.send).
+    header_block: tuple[list[tuple[bytes, bytes]], Any, str, bytes] | None = None
+    # The head of the last upstream answer on this connection: (status, the
+    # upstream's headers, default headers, (keep-alive, chunked), head).
+    answer_head: tuple[int, list[tuple[bytes, bytes]], Any, tuple[bool, bool], bytes] | None = None
     _asgi: dict[str, str]  # per connection (connection_made)
     # The callback path's writes of one loop pass (per listener class, like _watched).
     outbox: ClassVar[Outbox] = Outbox()
@@ -200,8 +217,8 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
-        # The app's callback path (Gateway.fast -> _fastpath.begin), if it has one.
-        self.fast = getattr(self.app, "fast", None)
+        # The app's callback path (Gateway.fast: _fastpath.begin), if it has one.
+        self.fast_app = self.app if getattr(self.app, "fast", None) is not None else None
         self._arm(keep_alive=False)
 
     def resume_writing(self) -> None:
@@ -279,25 +296,33 @@ class GatewayProtocol(HttpToolsProtocol):
             scope["http_version"] = version
         if parser.should_upgrade() and self._should_upgrade():
             return
-        parsed = httptools.parse_url(self.url)
-        raw_path = parsed.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+        url = self.url
+        target = _TARGETS.get(url)
+        if target is None:
+            parsed = httptools.parse_url(url)
+            raw = parsed.path
+            decoded = raw.decode("ascii")
+            if "%" in decoded:
+                decoded = urllib.parse.unquote(decoded)
+            target = (decoded, raw, parsed.query or b"")
+            if len(_TARGETS) >= _MAX_TARGETS:
+                _TARGETS.clear()
+            _TARGETS[url] = target
+        path, raw_path, query = target
         root = self.root_path
         if root:
             path, raw_path = root + path, root.encode("ascii") + raw_path
         scope["path"] = path
         scope["raw_path"] = raw_path
-        scope["query_string"] = parsed.query or b""
+        scope["query_string"] = query
         existing = self.cycle
         keep_alive = version != "1.0" and parser.should_keep_alive()
         if (
             (existing is None or existing.response_complete)
-            and self.fast is not None
+            and self.fast_app is not None
             and not self.expect_100_continue
         ):
-            fast = self.fast(self, scope, keep_alive)
+            fast = self.fast_app.fast(self, scope, keep_alive)
             if fast is not None:
                 self.cycle = fast
                 return

@@ -32,6 +32,7 @@ __all__ = ["CLIENT_KEY", "CompiledRoute", "Runtime", "algorithm_of", "client_of"
 
 log = logging.getLogger("stormguard.gateway")
 CLIENT_KEY = "stormguard.client"  # scope entry holding the request's client key
+_MAX_MATCHED = 1024
 
 
 def algorithm_of(limit: Limit) -> Algorithm:
@@ -135,6 +136,9 @@ class Runtime:
         # Longest prefix first; equal prefixes keep the file's order.
         self.routes = sorted(routes, key=lambda r: -len(r.prefix))
         self.grpc_routes = [route for route in config.routes if route.grpc is not None]
+        # (path, method, host) -> the route serving it: a few arrive again and again.
+        # Bounded: cleared when full; a reload builds a new Runtime (and table).
+        self._matched: dict[tuple[str, str, str | None], CompiledRoute | None] = {}
 
     def _compile(self, route: Route, config: GatewayConfig, instances: int) -> CompiledRoute:
         rules = []
@@ -179,10 +183,21 @@ class Runtime:
 
     def match(self, path: str, method: str, host: str | None) -> CompiledRoute | None:
         """The route serving a request, or None."""
+        key = (path, method, host)
+        try:
+            return self._matched[key]
+        except KeyError:
+            pass
+        found = None
         for route in self.routes:
             if route.matches(path, method, host):
-                return route
-        return None
+                found = route
+                break
+        matched = self._matched
+        if len(matched) >= _MAX_MATCHED:
+            matched.clear()
+        matched[key] = found
+        return found
 
     async def refresh_gauges(self) -> None:
         """Publish breaker states and in-flight counts (the breaker may change lazily)."""

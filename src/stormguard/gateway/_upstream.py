@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core._breaker import Admission as BreakerAdmission
 from ..protection import CircuitBreaker, RetryBudget
+from ..protection._bulkhead import Bulkhead
 from ..protection._permit import BreakerEvent, Permit
 from ..server._admission import Admission
 from ..server._refusal import Refusal
@@ -24,7 +26,7 @@ from ._h1client import H1Pool
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["Held", "Target", "UpstreamPool"]
+__all__ = ["Held", "Holder", "Target", "UpstreamPool"]
 
 
 class Target:
@@ -41,11 +43,28 @@ class Target:
 
 @dataclass(slots=True)
 class Held:
-    """What one admitted request holds: the breaker permit and its bulkhead slots."""
+    """What one admitted request holds: the breaker permit and its bulkhead slots.
+
+    ``ticket`` instead of a permit: what :meth:`UpstreamPool.enter` admitted with
+    (reported with :meth:`UpstreamPool.settle`). The callback path's exchange
+    holds these fields itself (_fastpath.py).
+    """
 
     permit: Permit | None
     client: str | None
     admitted: bool
+    ticket: BreakerAdmission | bool | None = None
+
+
+class Holder(Protocol):
+    """Whatever holds an admission: a :class:`Held`, or an object with its fields."""
+
+    permit: Permit | None
+    admitted: bool
+    ticket: BreakerAdmission | bool | None
+
+    @property
+    def client(self) -> str | None: ...
 
 
 class UpstreamPool:
@@ -102,8 +121,82 @@ class UpstreamPool:
         limit = settings.bulkhead.limit if settings.bulkhead else 100
         self.client = H1Pool(limit, settings.timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._gate = self._quick_gate()
 
     # -- admission -----------------------------------------------------------------
+
+    # The lock-free gate (enter / settle / done), as protection/_quick.py's for the
+    # client side: when the breaker is in this process without slow_call and the
+    # bulkhead has no per-client share, admitting a request that nothing has to
+    # decide -- the breaker closed, a slot free, nobody waiting -- is taking the
+    # breaker's closed admission (one attribute) and popping a token off the
+    # bulkhead's free list; its success takes a breaker credit without the lock
+    # (CircuitBreaker.settle) and its slot goes back (Bulkhead.release). Anything
+    # else is admit_now's, which has taken nothing.
+
+    def _quick_gate(self) -> tuple[Any, Any, Any, Any] | None:
+        # (breaker core, its lock-free success credits, bulkhead, its free list)
+        breaker, admission = self.breaker, self.bulkhead
+        if self._shared:
+            return None
+        core = pending = bulkhead = free = None
+        if breaker is not None:
+            if type(breaker) is not CircuitBreaker or breaker._store is not None:
+                return None
+            if breaker._slow is not None:
+                return None  # a slow_call breaker judges each duration: its own methods do
+            core, pending = breaker._core, breaker._pending
+        if admission is not None:
+            bulkhead = admission.bulkhead
+            if admission.per_client is not None or type(bulkhead) is not Bulkhead:
+                return None
+            free = bulkhead._free
+        return core, pending, bulkhead, free
+
+    def enter(self) -> Any:
+        """Admit at once through the lock-free gate: the ticket to report with
+        (:meth:`settle`; the breaker's closed admission, True without a breaker),
+        the bulkhead slot taken. None when the gate cannot decide; nothing taken."""
+        gate = self._gate
+        if gate is None:
+            return None
+        core, _, bulkhead, free = gate
+        ticket = True
+        if core is not None:
+            ticket = core.closed_admission
+            if ticket is None:
+                return None
+        if free is not None:  # Bulkhead.try_acquire(), inline
+            if bulkhead._waiters:
+                return None
+            try:
+                free.pop()
+            except IndexError:
+                return None
+        self.in_flight += 1
+        return ticket
+
+    def settle(self, held: Holder, failure: bool | None) -> None:
+        """Tell the breaker how a call admitted by :meth:`enter` went (None: it never
+        reached the upstream; a closed admission has nothing to give back), once."""
+        ticket = held.ticket
+        if ticket is None:
+            return
+        held.ticket = None
+        if failure is None or ticket is True:
+            return
+        core, pending, _, _ = self._gate  # type: ignore[misc]
+        breaker: Any = self.breaker
+        now = breaker._monotonic()
+        # CircuitBreaker.settle(), its lock-free case inline (no slow_call here): a
+        # success that cannot change the state takes a credit (protection/_tally.py).
+        if not failure and now < core.quiet_until and ticket is core.closed_admission:
+            try:
+                pending.pop()
+                return
+            except IndexError:  # the batch is spent: the breaker counts it now
+                pass
+        breaker.settle(ticket, 0.0, now, failure)
 
     def admit_now(self, client: str) -> Held | Refusal | None:
         """:meth:`admit` when nothing has to be awaited: a breaker in this process and
@@ -141,12 +234,22 @@ class UpstreamPool:
         self.in_flight += 1
         return Held(permit, client, True)
 
-    def done(self, held: Held) -> None:
+    def done(self, held: Holder) -> None:
         """The request no longer holds the upstream."""
         if held.admitted:
             held.admitted = False
             self.in_flight -= 1
-            if self.bulkhead is not None:
+            gate = self._gate
+            if gate is not None:  # no client share: the slot goes straight back
+                bulkhead, free = gate[2], gate[3]
+                if bulkhead is not None:  # Bulkhead.release(), inline
+                    free.append(None)
+                    if len(free) > bulkhead.limit:
+                        free.pop()
+                        raise RuntimeError("Bulkhead.release() without a matching acquire")
+                    if bulkhead._waiters:
+                        bulkhead._hand_out_locked()
+            elif self.bulkhead is not None:
                 self.bulkhead.leave(held.client)
 
     # -- targets -------------------------------------------------------------------
@@ -176,17 +279,19 @@ class UpstreamPool:
     def turn(self, value: int) -> None:
         self._next = value
 
-    def pick_ready(self) -> tuple[Target, Any] | None:
-        """The next target with an idle connection taken; None (nothing taken, the
-        turn not used) when that target has none idle."""
+    def pick_ready(self) -> tuple[Target, Any, int] | None:
+        """The next target with an idle connection taken, and the turn before the
+        pick (:attr:`turn`, to undo it); None (nothing taken, the turn not used) when
+        that target has none idle."""
         turn = self._next
-        target = self.pick()
+        targets = self.targets
+        target = targets[0] if len(targets) == 1 else self.pick()  # pick(), its one-target case
         conn = self.client.take_idle(target.base)
         if conn is None:
             self._next = turn
             self.client.prepare(target.base)  # one idle next time
             return None
-        return target, conn
+        return target, conn, turn
 
     def report(self, target: Target, failed: bool) -> None:
         """Count a target's consecutive failures; eject it for a while at the threshold."""

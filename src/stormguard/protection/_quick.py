@@ -28,7 +28,9 @@
 # path (client/_httpx.py: _enter and _passed, shared by its sync and async front
 # ends) writes them out inline for a gate with every part (the call would cost as
 # much as the gate): a change to the rules here is made there too, and
-# tests/client/test_success_path_fronts.py runs each through both.
+# tests/client/test_success_path_fronts.py runs each through both. The gateway's
+# upstream pool keeps the same gate for its breaker and bulkhead
+# (gateway/_upstream.py: UpstreamPool.enter and settle).
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -11,7 +11,7 @@
 # (429) from "we cannot count right now" (the closed mode: 503).
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import AsyncRateLimiter, RateLimiter
@@ -191,6 +191,12 @@ class RuleSet:
         """:meth:`refusal` for limits from :meth:`plain_limits`: one hit of them all."""
         parts = self.store.hit_many(limits, self._plain_cost, quiet=True)
         return None if parts is None else _refused(combined(parts))
+
+    def refusal_hitter(self, limits: list[tuple[Any, str, str]]) -> Callable[[], Decision | None]:
+        """:meth:`refusal_of` ``(limits)`` as a callable, for a caller that decides
+        the same limits again and again (a connection's one client): the store's
+        group hitter, which answers None at once when every limit admits."""
+        return self.store.group_hitter(limits, self._plain_cost, lambda: self.refusal_of(limits))  # type: ignore[no-any-return]
 
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Sync twin of :meth:`adecide` (on a MemoryStore, for async limiters too:

@@ -17,7 +17,7 @@ import threading
 import time as _time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
@@ -29,11 +29,12 @@ from ..core._limiters import (
     check_cost,
     decide_group,
 )
-from ._memory_fast import Table, inlined_hitter
+from ._memory_fast import Table, group_hitter, inlined_hitter
 
 __all__ = ["MemoryStore"]
 
 _new = tuple.__new__
+T = TypeVar("T")
 
 
 class MemoryStore:
@@ -209,8 +210,8 @@ class MemoryStore:
                     for a, n, k, s, _, o in rows
                 ]
             elif cost > 0:
-                for _, _, skey, state, _, o in rows:
-                    if state is not None and o[3] > 0:  # a live key: _put's common case
+                for _, _, skey, _, _, o in rows:
+                    if skey in data and o[3] > 0:  # a key in the table: _put's common case
                         data[skey] = (now + o[3], o[0])
                         data.move_to_end(skey)
                     else:
@@ -221,6 +222,19 @@ class MemoryStore:
             _new(Decision, (o[1], a.limit, o[2], o[3], o[4], n, a.window, lease or None, ()))
             for a, n, _, _, lease, o in rows
         ]
+
+    def group_hitter(
+        self,
+        limits: Sequence[tuple[Algorithm, str, str]],
+        cost: float,
+        otherwise: Callable[[], T],
+    ) -> Callable[[], T | None]:
+        """:meth:`hit_many` ``(limits, cost, quiet=True)`` for limits hit again and
+        again (stores/_memory_fast.py): the returned callable answers None when
+        every limit admitted the hit, else ``otherwise()``, which then decides the
+        hit from the start (nothing was taken)."""
+        table = Table(self._data, self._lock, self._put, self._monotonic, self.max_keys)
+        return group_hitter(table, limits, cost, otherwise)
 
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """:meth:`decide` for async limiters (never blocks the loop on I/O)."""

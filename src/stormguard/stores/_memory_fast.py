@@ -11,18 +11,28 @@
 #
 # The store hands over what a hit touches as a `Table`; nothing here reaches into
 # the store object itself.
+#
+# `group_hitter` is the same idea for several limits decided together (a gateway's
+# per-client and global limit, on every request of a connection whose client and
+# keys do not change): MemoryStore.hit_many's quiet case -- every limit admits,
+# all states written, nothing built -- with the store keys made once and no row
+# per limit. The algorithms' own `advance` decides (the same floats by
+# construction). Anything else -- a limit that refuses, a lease to take
+# (Concurrency), a cost that takes nothing -- goes to the caller's `otherwise`,
+# which decides the hit from the start: the quick pass has written nothing.
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
-from ..core._limiters import EPSILON, GCRA, Algorithm, Decision, TokenBucket
+from ..core._limiters import EPSILON, GCRA, Algorithm, Concurrency, Decision, TokenBucket
 
-__all__ = ["Table", "inlined_hitter"]
+__all__ = ["Table", "group_hitter", "inlined_hitter"]
 
 FastHit = Callable[..., Decision]
+T = TypeVar("T")
 _new = tuple.__new__
 
 
@@ -46,6 +56,89 @@ def inlined_hitter(
     if kind is TokenBucket:
         return _token_bucket(table, algorithm, name, slow)  # type: ignore[arg-type]
     return None
+
+
+def group_hitter(
+    table: Table,
+    limits: Sequence[tuple[Algorithm, str, str]],
+    cost: float,
+    otherwise: Callable[[], T],
+) -> Callable[[], T | None]:
+    """A hit of every ``(algorithm, name, key)`` in ``limits`` with ``cost``, all or
+    nothing: None when every limit admitted it (its states are written), else
+    ``otherwise()`` (nothing was written; it decides the hit itself)."""
+    if not cost > 0 or any(type(algorithm) is Concurrency for algorithm, _, _ in limits):
+        return otherwise
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
+    get, move_to_end = data.get, data.move_to_end
+    steps = tuple((name + "\x00" + key, algorithm.advance) for algorithm, name, key in limits)
+    if len(steps) == 2:
+        return _pair_hitter(table, steps, cost, otherwise)
+
+    def hit() -> T | None:
+        with lock:
+            now = monotonic()
+            admitted = []
+            for skey, advance in steps:
+                entry = get(skey)
+                state = None if entry is None or entry[0] <= now else entry[1]
+                outcome = advance(state, now, cost)
+                if not outcome[1]:
+                    break
+                admitted.append((skey, entry, outcome[0], outcome[3]))
+            else:
+                # MemoryStore.hit_many's writes: a key in the table in place, else _put.
+                for skey, entry, new, reset in admitted:
+                    if entry is not None and reset > 0:
+                        data[skey] = (now + reset, new)
+                        move_to_end(skey)
+                    else:
+                        put(skey, new, reset, now)
+                return None
+        return otherwise()
+
+    return hit
+
+
+def _pair_hitter(
+    table: Table,
+    steps: tuple[tuple[str, Callable[..., Any]], ...],
+    cost: float,
+    otherwise: Callable[[], T],
+) -> Callable[[], T | None]:
+    # group_hitter's hit for two limits (a gateway's per-client and global pair),
+    # its loops written out: the same steps, decisions and writes.
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
+    get, move_to_end = data.get, data.move_to_end
+    (key_a, advance_a), (key_b, advance_b) = steps
+
+    def hit() -> T | None:
+        with lock:
+            now = monotonic()
+            entry_a = get(key_a)
+            a = advance_a(None if entry_a is None or entry_a[0] <= now else entry_a[1], now, cost)
+            if a[1]:
+                entry_b = get(key_b)
+                b = advance_b(
+                    None if entry_b is None or entry_b[0] <= now else entry_b[1], now, cost
+                )
+                if b[1]:
+                    reset = a[3]
+                    if entry_a is not None and reset > 0:
+                        data[key_a] = (now + reset, a[0])
+                        move_to_end(key_a)
+                    else:
+                        put(key_a, a[0], reset, now)
+                    reset = b[3]
+                    if entry_b is not None and reset > 0:
+                        data[key_b] = (now + reset, b[0])
+                        move_to_end(key_b)
+                    else:
+                        put(key_b, b[0], reset, now)
+                    return None
+        return otherwise()
+
+    return hit
 
 
 class _StoreKeys(dict[str, str]):

@@ -1,0 +1,135 @@
+"""What one proxied request costs the gateway's process in CPU instructions.
+
+The gateway (memory store, configured as in bench_gateway.py: a per-client and a
+global limit and a breaker) runs under valgrind's callgrind in front of the same
+nginx upstream; a small client sends keep-alive GETs over a few connections, one
+request per connection at a time. Instructions are collected only while the
+client runs (callgrind_control zeroes the counters, then dumps them), for two
+request counts; the difference divided by the difference in requests leaves out
+what does not grow with them. Instructions do not depend on what else the machine
+runs, so this is the measure to judge a change of the gateway's own work by
+(within about 1 %: timers and loop passes that scale with wall time remain).
+
+Needs valgrind (Debian package ``valgrind``) and nginx; else it says so and skips.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import bench_gateway as gw
+
+CONNECTIONS = 4
+REQUESTS = (1000, 3000)  # quick: (300, 900)
+
+
+def _drive(port: int, requests: int, connections: int = CONNECTIONS) -> None:
+    """``requests`` keep-alive GETs over ``connections``, one in flight on each."""
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+    request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+    buffers = [b""] * connections
+    done = 0
+    try:
+        while done < requests:
+            batch = min(connections, requests - done)
+            for sock in socks[:batch]:
+                sock.sendall(request)
+            for i in range(batch):
+                buffers[i] = _answer(socks[i], buffers[i])
+            done += batch
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _answer(sock: socket.socket, buffer: bytes) -> bytes:
+    """Read one answer with a Content-Length off ``sock``; what follows it."""
+    while True:
+        end = buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            head = buffer[:end].lower()
+            if not head.startswith(b"http/1.1 200"):
+                raise RuntimeError(f"unexpected answer: {head[:40]!r}")
+            at = head.find(b"content-length:")
+            length = int(head[at + 15 :].split(b"\r\n")[0]) if at >= 0 else 0
+            if len(buffer) >= end + 4 + length:
+                return buffer[end + 4 + length :]
+        data = sock.recv(65536)
+        if not data:
+            raise RuntimeError("the gateway closed the connection")
+        buffer += data
+
+
+def _control(pid: int, *args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
+
+
+def _collected(out: Path, pid: int, requests: int, port: int) -> int:
+    """Instructions the gateway ran while serving ``requests``."""
+    _control(pid, "-z")
+    _drive(port, requests)
+    before = set(glob.glob(f"{out}.{pid}*"))
+    _control(pid, "-d")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        new = set(glob.glob(f"{out}.{pid}*")) - before
+        for path in new:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+        time.sleep(0.2)
+    raise RuntimeError("callgrind wrote no dump")
+
+
+def main(quick: bool) -> None:
+    """Count the gateway's instructions per request (``quick``: fewer requests)."""
+    for tool, package in (("valgrind", "valgrind"), ("nginx", "nginx")):
+        if shutil.which(tool) is None:
+            print(f"{tool} is not installed (Debian package {package!r}): count skipped")
+            return
+    low, high = (300, 900) if quick else REQUESTS
+    with tempfile.TemporaryDirectory(prefix="stormguard-bench-instr-") as tmp:
+        workdir = Path(tmp)
+        up = gw._free_port()
+        cmd, _ = gw._nginx(workdir, "upstream", gw._upstream_block(up))
+        with gw._process(cmd, up):
+            port, admin = gw._free_port(), gw._free_port()
+            config = workdir / "gateway.yaml"
+            gw._gateway_config(config, port, admin, up, "memory")
+            out = workdir / "callgrind.out"
+            command = [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}.%p",
+                *gw._gateway_cmd(config),
+            ]
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            proc = subprocess.Popen(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                gw._wait_port(port, proc, timeout=300)
+                _drive(port, 300)  # warm: upstream connections open, tables filled
+                _control(proc.pid, "-i", "on")
+                _drive(port, 300)
+                counts = {n: _collected(out, proc.pid, n, port) for n in (low, high)}
+            finally:
+                proc.terminate()
+                proc.wait()
+    per = (counts[high] - counts[low]) / (high - low)
+    print(f"gateway (memory store), {CONNECTIONS} keep-alive connections, under callgrind")
+    print(f"instructions per request: {per:,.0f}")
+    print(f"(all instructions at {high} requests, divided by them: {counts[high] / high:,.0f})")
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)
