@@ -178,3 +178,21 @@ def test_group_hitter_of_one_or_three_limits_stores_like_quiet_hit_many(count: i
         plain_clock.advance(dt)
         assert hit() == plain.hit_many(limits, 1.0, quiet=True)
         assert list(group._data.items()) == list(plain._data.items())
+
+
+def test_group_hitter_keeps_the_key_bound_when_a_write_evicts_the_other_key() -> None:
+    """A full table: the first limit's new key evicts the second's, which is then
+    written as a new key (within max_keys), exactly as hit_many writes it."""
+    group, plain = (
+        MemoryStore(clock=FakeClock(), max_keys=2),
+        MemoryStore(clock=FakeClock(), max_keys=2),
+    )
+    bucket = TokenBucket(1, 5)
+    for store in (group, plain):
+        store.hit_many([(bucket, "global", "all")], 1.0, quiet=True)  # the oldest key
+        store.hit_many([(bucket, "client", "x")], 1.0, quiet=True)
+    limits = [(bucket, "client", "y"), (bucket, "global", "all")]
+    assert group.group_hitter(limits, 1.0, lambda: "refused")() is None
+    assert plain.hit_many(limits, 1.0, quiet=True) is None
+    assert len(group._data) == 2
+    assert list(group._data.items()) == list(plain._data.items())

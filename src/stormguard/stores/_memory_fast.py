@@ -85,11 +85,12 @@ def group_hitter(
                 outcome = advance(state, now, cost)
                 if not outcome[1]:
                     break
-                admitted.append((skey, entry, outcome[0], outcome[3]))
+                admitted.append((skey, outcome[0], outcome[3]))
             else:
-                # MemoryStore.hit_many's writes: a key in the table in place, else _put.
-                for skey, entry, new, reset in admitted:
-                    if entry is not None and reset > 0:
+                # MemoryStore.hit_many's writes: a key in the table in place, else
+                # _put (looked up again: an earlier _put may have evicted it).
+                for skey, new, reset in admitted:
+                    if reset > 0 and skey in data:
                         data[skey] = (now + reset, new)
                         move_to_end(skey)
                     else:
@@ -123,14 +124,15 @@ def _pair_hitter(
                     None if entry_b is None or entry_b[0] <= now else entry_b[1], now, cost
                 )
                 if b[1]:
+                    # (as group_hitter's writes: in place while in the table)
                     reset = a[3]
-                    if entry_a is not None and reset > 0:
+                    if reset > 0 and key_a in data:
                         data[key_a] = (now + reset, a[0])
                         move_to_end(key_a)
                     else:
                         put(key_a, a[0], reset, now)
                     reset = b[3]
-                    if entry_b is not None and reset > 0:
+                    if reset > 0 and key_b in data:
                         data[key_b] = (now + reset, b[0])
                         move_to_end(key_b)
                     else:
