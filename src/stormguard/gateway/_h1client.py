@@ -45,6 +45,20 @@ _NO_CHUNKS: deque[bytes] = deque(maxlen=0)  # shared, always empty (see H1Respon
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 _METHOD_BYTES = {m: m.encode("ascii") for m in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE")}
+
+
+def _request_head(endpoint: _Endpoint, method: str, target: bytes, block: bytes) -> bytes:
+    """A request's head: its line (the base URL's path before ``target``), Host (the
+    endpoint's), then ``block`` (:meth:`H1Pool.header_block`)."""
+    return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s" % (
+        _METHOD_BYTES.get(method) or method.encode("ascii"),
+        endpoint.prefix,
+        target or b"/",
+        endpoint.host_header,
+        block,
+    )
+
+
 _NO_BODY_STATUS = (204, 304)
 _PREPARING = 4  # connections opened ahead at once (H1Pool.prepare)
 
@@ -603,26 +617,24 @@ class H1Pool:
         response = H1Response(conn, sink)
         conn.begin(response, method == "HEAD", self.read_timeout, self.total_timeout)
         assert conn.transport is not None
-        endpoint = conn.endpoint
-        head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s" % (
-            _METHOD_BYTES.get(method) or method.encode("ascii"),
-            endpoint.prefix,
-            target or b"/",
-            endpoint.host_header,
-            block,
-        )
-        outbox.write(conn.transport, head)
+        outbox.write(conn.transport, _request_head(conn.endpoint, method, target, block))
         return response
 
     @staticmethod
-    def header_block(method: str, headers: list[tuple[bytes, bytes]]) -> bytes:
-        """The header lines of a bodyless ``method`` request after Host, and the
-        blank line (what :meth:`send_now` sends; it depends on nothing else, so a
-        caller sending the same headers again may keep it)."""
+    def header_block(method: str, headers: list[tuple[bytes, bytes]], body: Body = None) -> bytes:
+        """The header lines of a request after Host, and the blank line: framing by
+        ``body`` (None: a bodyless ``method`` request, what :meth:`send_now` sends;
+        it depends on nothing else, so a caller sending the same headers again may
+        keep it)."""
         parts: list[bytes] = []
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
-        parts.append(b"\r\n" if method in _IDEMPOTENT else b"Content-Length: 0\r\n\r\n")
+        if isinstance(body, bytes):
+            parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
+        elif body is None:
+            parts.append(b"\r\n" if method in _IDEMPOTENT else b"Content-Length: 0\r\n\r\n")
+        else:
+            parts.append(b"Transfer-Encoding: chunked\r\n\r\n")
         return b"".join(parts)
 
     # -- the exchange -------------------------------------------------------------------
@@ -643,7 +655,7 @@ class H1Pool:
         """
         self._start()
         endpoint = self._endpoint(base)
-        head = self._head(endpoint, method, target, headers, body)
+        head = _request_head(endpoint, method, target, self.header_block(method, headers, body))
         while True:
             conn, reused = await self._connection(endpoint)
             response = H1Response(conn)
@@ -663,33 +675,6 @@ class H1Pool:
             except BaseException:
                 conn.close()
                 raise
-
-    @staticmethod
-    def _head(
-        endpoint: _Endpoint,
-        method: str,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: Body,
-    ) -> bytes:
-        parts = [
-            method.encode("ascii"),
-            b" ",
-            endpoint.prefix,
-            target or b"/",
-            b" HTTP/1.1\r\nHost: ",
-        ]
-        parts.append(endpoint.host_header)
-        parts.append(b"\r\n")
-        for name, value in headers:
-            parts += (name, b": ", value, b"\r\n")
-        if isinstance(body, bytes):
-            parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        elif body is None:
-            parts.append(b"\r\n" if method in _IDEMPOTENT else b"Content-Length: 0\r\n\r\n")
-        else:
-            parts.append(b"Transfer-Encoding: chunked\r\n\r\n")
-        return b"".join(parts)
 
     async def _exchange(
         self, conn: _Connection, response: H1Response, method: str, head: bytes, body: Body
