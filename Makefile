@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint types unit demo bench clean
+.PHONY: test lint types unit demo bench clean rls-protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,16 @@ demo: $(STAMP)
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench
 
+# The rate-limit service's protobuf modules (src/stormguard/gateway/rls/_pb) from the
+# vendored .proto files. grpcio-tools is pinned: its generated code's runtime check is
+# the floor of `protobuf` in pyproject.toml (1.70.0 -> protobuf 5.29.0).
+PROTOS_VENV := .venv-protos
+GRPC_TOOLS  := grpcio-tools==1.70.0
+
+rls-protos:
+	$(PYTHON) -m venv $(PROTOS_VENV)
+	$(PROTOS_VENV)/bin/python -m pip install --quiet '$(GRPC_TOOLS)'
+	$(PROTOS_VENV)/bin/python tools/gen_rls_protos.py
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PROTOS_VENV) .mypy_cache .pytest_cache .ruff_cache
