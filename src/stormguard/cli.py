@@ -30,6 +30,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "mock_group",
         "Run the fault-injection mock server; verify journals.",
     ),
+    "ratelimit-service": (
+        "stormguard.gateway.rls._cli",
+        "ratelimit_service_group",
+        "Envoy's global rate-limit service (gRPC) on stormguard's limits and stores.",
+    ),
     "simulate": (
         "stormguard.sim._cli",
         "simulate_command",
