@@ -100,7 +100,9 @@ async def serve(
     try:
         port = server.add_insecure_port(options.listen)
     except RuntimeError as exc:
-        raise ConfigError("listen", f"cannot listen on {options.listen!r}: {exc}") from None
+        raise ConfigError(
+            "listen", f"cannot listen on {options.listen!r} (address already in use?): {exc}"
+        ) from None
     await server.start()
     service.ready = True
     admin = None
