@@ -26,8 +26,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import duration_pb2
-
 from ..._clock import SYSTEM_CLOCK, Clock
 from ...core._decision import Decision, combine
 from ...core._limiters import FixedWindow
@@ -88,9 +86,10 @@ def counter_key(domain: str, entries: tuple[tuple[str, str], ...]) -> str:
     return key
 
 
-def _duration(seconds: float) -> Any:
-    # Whole seconds, rounded up: a client that waits this long never comes back early.
-    return duration_pb2.Duration(seconds=math.ceil(seconds - 1e-9) if seconds > 0 else 0)
+def _duration(seconds: float) -> dict[str, int]:
+    # A google.protobuf.Duration of whole seconds, rounded up: a client that waits this
+    # long never comes back early.
+    return {"seconds": math.ceil(seconds - 1e-9) if seconds > 0 else 0}
 
 
 def _remaining(value: float) -> int:
