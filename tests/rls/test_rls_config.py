@@ -5,6 +5,7 @@ configuration tests and README examples."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,20 @@ descriptors:
     assert shady is not None and shady[0].shadow
     quota = domain.find([("service", "service_1")])
     assert quota is not None and quota[0].quota
+
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def test_the_documented_config_loads() -> None:
+    """The docs' example config (also examples/ratelimit-service.yaml) is valid."""
+    page = (ROOT / "docs" / "ratelimit-service.md").read_text()
+    documented = re.search(r"```yaml\n(domain: shop\n.*?)```", page, re.S)
+    assert documented is not None
+    example = (ROOT / "examples" / "ratelimit-service.yaml").read_text()
+    for text in (documented.group(1), example):
+        domain = parse_domain(text)
+        assert domain.name == "shop"
+        banned = domain.find([("api_key", "leaked-key-123")])
+        assert banned is not None and banned[0].requests_per_unit == 0
+    assert example.endswith(documented.group(1))
