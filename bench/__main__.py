@@ -25,6 +25,7 @@ BENCHMARKS = {
     "http": "bench.bench_http",
     "http-counts": "bench.bench_http_counts",
     "rls": "bench.bench_rls",
+    "rls-instructions": "bench.bench_rls_instructions",
 }
 
 

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +30,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench.bench_breaker import _redis  # REDIS_URL, else a redis-server of our own
+from bench.bench_gateway import _free_port, _process
 
 CONFIG = """\
 domain: bench
@@ -47,66 +47,14 @@ TARGET_MS = 1.0
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start")
-
-
-@contextmanager
-def _redis() -> Iterator[str | None]:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    exe = shutil.which("redis-server")
-    if exe is None:
-        yield None
-        return
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-rls-redis-") as directory:
-        proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", directory],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            _wait_port(port, proc, "redis-server")
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-
-
 @contextmanager
 def _service(config: Path, store: str, prefix: str) -> Iterator[int]:
     port = _free_port()
     cmd = [sys.executable, "-c", "from stormguard.cli import main; main()", "ratelimit-service"]
     cmd += [f"--config={config}", f"--listen=127.0.0.1:{port}", "--admin=off"]
     cmd += [f"--store={store}", f"--store-prefix={prefix}", "--store-timeout=5"]
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        _wait_port(port, proc, "ratelimit-service")
+    with _process(cmd, port, env={**os.environ, "PYTHONPATH": str(SRC)}):
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _request(n: int) -> Any:

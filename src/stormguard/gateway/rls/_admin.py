@@ -87,8 +87,7 @@ class RlsAdmin:
 
     def __init__(self, status: RlsStatus, ready: Any = None) -> None:
         self.status = status
-        # AdminApp reads only metrics_text() and status() of its builder.
-        self._inner = AdminApp(status, ready)  # type: ignore[arg-type]
+        self._inner = AdminApp(status, ready)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in DASHBOARD_PATHS:

@@ -159,14 +159,17 @@ class Domain:
             stack.extend(reversed(list(node.children.values())))
         return out
 
-    def find(self, entries: Sequence[tuple[str, str]]) -> tuple[LimitSpec, tuple[str, ...]] | None:
+    def find(
+        self, entries: Sequence[tuple[str, str]]
+    ) -> tuple[LimitSpec, tuple[str, ...] | None] | None:
         """The limit for a request's descriptor entries, and the values to count it by.
 
-        The values are the entries' own, except where a ``share_threshold`` wildcard
-        matched: there the pattern stands for every value it matches. None: no limit.
+        The values are None when they are the entries' own; where a
+        ``share_threshold`` wildcard matched, the pattern stands for every value it
+        matches. None: no limit.
         """
         parent = self.root
-        values = [value for _, value in entries]
+        values: list[str] | None = None
         last = len(entries) - 1
         for i, (key, value) in enumerate(entries):
             node = parent.children.get((key, value))
@@ -175,6 +178,8 @@ class Domain:
                     if wild_key == key and wildcard_match(parts, value):
                         node = wild
                         if wild.share_threshold:
+                            if values is None:
+                                values = [value for _, value in entries]
                             values[i] = str(wild.value)
                         break
             if node is None:
@@ -182,7 +187,9 @@ class Domain:
             if node is None:
                 return None
             if i == last:
-                return None if node.limit is None else (node.limit, tuple(values))
+                if node.limit is None:
+                    return None
+                return node.limit, None if values is None else tuple(values)
             if not node.children:
                 return None
             parent = node

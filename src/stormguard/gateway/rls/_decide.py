@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..._clock import SYSTEM_CLOCK, Clock
 from ...core._decision import Decision, combine
@@ -51,8 +50,7 @@ class RequestError(ValueError):
     """A request the protocol forbids (no domain, no descriptors): INVALID_ARGUMENT."""
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What one descriptor of one request came to, for the stats.
 
     ``result`` is ``allowed``, ``refused``, ``shadow_refused`` or ``unmatched``;
@@ -130,6 +128,7 @@ class Decider:
                 if spec.algorithm is not None:
                     self._limiters[spec.store_name] = self._limiter(spec)
         self._overrides: dict[tuple[str, int, str], tuple[LimitSpec, AsyncRateLimiter]] = {}
+        self._wire_limits: dict[tuple[str, int, str], Any] = {}  # current_limit messages
 
     def _limiter(self, spec: LimitSpec) -> AsyncRateLimiter:
         assert spec.algorithm is not None
@@ -187,15 +186,15 @@ class Decider:
         matched: list[tuple[LimitSpec, AsyncRateLimiter | None, str, float] | None] = []
         default_cost = float(request.hits_addend or 1)
         for descriptor in descriptors:
-            entries = tuple((e.key, e.value) for e in descriptor.entries)
-            found = None
+            entries = tuple([(e.key, e.value) for e in descriptor.entries])
+            found: tuple[LimitSpec, tuple[str, ...] | None] | None = None
             limiter = None
             if domain is not None and entries:
                 if descriptor.HasField("limit"):
                     override = self._override(name, descriptor)
                     if override is not None:
                         spec, limiter = override
-                        found = (spec, tuple(v for _, v in entries))
+                        found = (spec, None)
                 else:
                     found = domain.find(entries)
                     if found is not None and found[0].algorithm is not None:
@@ -209,7 +208,9 @@ class Decider:
                 if descriptor.HasField("hits_addend")
                 else default_cost
             )
-            key = counter_key(name, tuple(zip((k for k, _ in entries), values)))
+            if values is not None:  # share_threshold: a pattern stands for the values
+                entries = tuple(zip([k for k, _ in entries], values))
+            key = counter_key(name, entries)
             matched.append((spec, limiter, key, cost))
         replacing = {r for m in matched if m is not None for r in m[0].replaces}
         decided: list[Decision | None] = [None] * count
@@ -278,11 +279,7 @@ class Decider:
                 reset = decision.reset_after
             statuses[i] = Status(
                 code=code,
-                current_limit=Response.RateLimit(
-                    name=spec.name,
-                    requests_per_unit=spec.requests_per_unit,
-                    unit=spec.unit_code,  # type: ignore[arg-type]
-                ),
+                current_limit=self._wire_limit(spec),
                 limit_remaining=_remaining(decision.remaining),
                 duration_until_reset=_duration(reset),
             )
@@ -298,6 +295,20 @@ class Decider:
                 base_pb2.HeaderValue(key=k, value=v) for k, v in headers
             )
         return response
+
+    def _wire_limit(self, spec: LimitSpec) -> Any:
+        # The current_limit message of a limit, built once.
+        key = (spec.name, spec.requests_per_unit, spec.unit)
+        wire = self._wire_limits.get(key)
+        if wire is None:
+            if len(self._wire_limits) >= _MAX_OVERRIDES:
+                self._wire_limits.clear()
+            wire = self._wire_limits[key] = Response.RateLimit(
+                name=spec.name,
+                requests_per_unit=spec.requests_per_unit,
+                unit=spec.unit_code,  # type: ignore[arg-type]
+            )
+        return wire
 
     @staticmethod
     def _label(spec: LimitSpec, key: str) -> str:

@@ -106,7 +106,7 @@ async def serve(
     await server.start()
     service.ready = True
     admin = None
-    status = RlsStatus(service.metrics, service.descriptors, service.flush)
+    status = RlsStatus(service.metrics, service.descriptors)
     if with_admin and options.admin is not None:
         admin = _admin_server(RlsAdmin(status, lambda: service.ready), options.admin, options.drain)
     mtimes = _mtimes(paths)

@@ -116,6 +116,7 @@ class RateLimitService:
         self.metrics = RlsMetrics()
         self.store = open_store(options)
         self.decider = self._decider(load_domains(self.paths))
+        self.metrics.store_state = lambda: self.decider.store_down
         self.ready = False
 
     def _decider(self, domains: dict[str, Domain]) -> Decider:
@@ -149,7 +150,7 @@ class RateLimitService:
 
     def flush(self) -> None:
         """Publish the gathered counts and the store's state."""
-        self.metrics.flush(store_down=self.decider.store_down)
+        self.metrics.flush()
 
     async def should_rate_limit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """The ShouldRateLimit method."""

@@ -17,14 +17,13 @@
 # would cost more than the decision.
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .._clients import client_id
-from .._metrics import _samples, multiprocess_dir
+from .._metrics import StatusBuilder, _samples
 from ._decide import Outcome
 
 __all__ = ["MAX_VALUES", "RlsMetrics", "RlsStatus"]
@@ -69,6 +68,7 @@ class RlsMetrics:
             multiprocess_mode="livemax",
         )
         self.in_flight = 0
+        self.store_state: Callable[[], bool] | None = None  # () -> store down?
         self._answers: dict[tuple[str, str], int] = {}
         self._outcomes: dict[tuple[str, str, str], int] = {}
         self._values: dict[tuple[str, str, str, str], int] = {}
@@ -94,7 +94,7 @@ class RlsMetrics:
             vkey = (outcome.domain, outcome.label, value, outcome.result)
             self._values[vkey] = self._values.get(vkey, 0) + 1
 
-    def flush(self, store_down: bool | None = None) -> None:
+    def flush(self) -> None:
         """Hand the counts gathered since the last flush to the registry."""
         answers, self._answers = self._answers, {}
         for labels, n in answers.items():
@@ -106,48 +106,29 @@ class RlsMetrics:
         for labels4, n in values.items():
             self.limited.labels(*labels4).inc(n)
         self.in_flight_gauge.set(self.in_flight)
-        if store_down is not None:
-            self.store_down.set(1.0 if store_down else 0.0)
+        if self.store_state is not None:
+            self.store_down.set(1.0 if self.store_state() else 0.0)
 
 
 def _empty() -> dict[str, Any]:
     return {"allowed": 0, "refused": 0, "shadow_refused": 0, "top_limited": []}
 
 
-class RlsStatus:
+class RlsStatus(StatusBuilder):
     """Builds /status and /metrics from the process's registry or every worker's files.
 
+    The gateway's builder reads the registry (its own or the merged multiprocess one)
+    and renders /metrics; this one renders /status per domain and descriptor.
     ``descriptors`` maps each domain to its configured descriptors' labels, so that a
     descriptor nobody has asked for yet shows with zero counts.
     """
 
     def __init__(
-        self,
-        metrics: RlsMetrics | None,
-        descriptors: Mapping[str, Iterable[str]],
-        flush: Any = None,
+        self, metrics: RlsMetrics | None, descriptors: Mapping[str, Iterable[str]]
     ) -> None:
-        self._metrics = metrics
+        # StatusBuilder reads only `flush()` and `registry` of its metrics object.
+        super().__init__(metrics, {})  # type: ignore[arg-type]
         self.descriptors = {domain: list(labels) for domain, labels in descriptors.items()}
-        self._flush = flush  # () -> None: the service's flush (store state included)
-
-    def registry(self) -> Any:
-        """The registry to read: merged multiprocess files, or the process's own."""
-        directory = multiprocess_dir()
-        if directory is not None:
-            merged = CollectorRegistry()
-            MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
-            return merged
-        assert self._metrics is not None
-        if self._flush is not None:
-            self._flush()
-        else:
-            self._metrics.flush()
-        return self._metrics.registry
-
-    def metrics_text(self) -> bytes:
-        """The Prometheus exposition text."""
-        return bytes(generate_latest(self.registry()))
 
     def status(self) -> dict[str, Any]:
         """The /status document: per domain and descriptor, and the service's state."""
