@@ -7,8 +7,11 @@ trouble show as a shortfall, never as extra admissions."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -133,3 +136,36 @@ def test_two_processes_on_a_cluster_admit_exactly_the_quota(
         assert answers.count("OK") == QUOTA
     finally:
         _drop(redis_cluster_url, key_prefix)
+
+
+def _workers_of(pid: int) -> list[int]:
+    # The supervisor's spawned workers (not multiprocessing's resource tracker).
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_worker_that_dies_is_replaced(
+    redis_url: str, key_prefix: str, service_factory: ServiceFactory, eventually: Any
+) -> None:
+    """--workers 2: a killed worker is restarted and the service keeps answering."""
+    service = service_factory(CONFIG, flags=_flags(redis_url, key_prefix, "--workers=2"))
+    assert service.proc is not None
+    try:
+        workers = eventually(lambda: (w := _workers_of(service.proc.pid)) and len(w) == 2 and w)
+        os.kill(workers[0], signal.SIGKILL)
+        eventually(lambda: "restarting" in service.output())
+        eventually(lambda: len(set(_workers_of(service.proc.pid)) - {workers[0]}) == 2)
+        assert _hammer([service.grpc_port], ("fixed", "restart")).count("OK") == QUOTA
+    finally:
+        _drop(redis_url, key_prefix)
