@@ -40,6 +40,8 @@ descriptors:
     value: b
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: held
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency, lease: 10}
   - key: user
     rate_limit: {name: user_limit, unit: minute, requests_per_unit: 5}
   - key: vip
@@ -200,6 +202,13 @@ def test_token_bucket_per_descriptor(rls: Harness) -> None:
     assert refused.statuses[0].duration_until_reset.seconds == 1  # the next token
     rls.clock.advance(1.0)
     assert codes(rls([("tb", "t")]))[0] == "OK"
+
+
+def test_concurrency_slots_are_freed_by_their_lease(rls: Harness) -> None:
+    """algorithm: concurrency -- Envoy never says a request ended: a lease frees a slot."""
+    assert [codes(rls([("held", "c")]))[0] for _ in range(3)] == ["OK", "OK", "OVER_LIMIT"]
+    rls.clock.advance(10.0)
+    assert codes(rls([("held", "c")]))[0] == "OK"
 
 
 def test_sliding_window_does_not_reset_at_the_edge(rls: Harness) -> None:

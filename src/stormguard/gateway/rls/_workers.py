@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -45,7 +46,7 @@ def supervise(
     from prometheus_client import multiprocess
 
     from ._admin import RlsAdmin
-    from ._serve import _admin_server
+    from ._serve import _admin_server, _mtimes
     from ._stats import RlsStatus
 
     files = [str(p) for p in paths]
@@ -83,11 +84,16 @@ def supervise(
         procs.extend(spawn() for _ in range(options.workers))
         announce()
         admin_task = asyncio.ensure_future(admin.serve()) if admin is not None else None
+        mtimes = _mtimes(files)
         while not stopping.is_set():
             try:
                 await asyncio.wait_for(stopping.wait(), 0.5)
             except TimeoutError:
                 pass
+            if _mtimes(files) != mtimes:  # the workers reload themselves; /status follows
+                mtimes = _mtimes(files)
+                with contextlib.suppress(GatewayConfigError):
+                    status.descriptors = _descriptors(files)
             for i, proc in enumerate(procs):
                 if not proc.is_alive() and not stopping.is_set():
                     multiprocess.mark_process_dead(proc.pid)  # type: ignore[no-untyped-call]
