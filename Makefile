@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint types unit demo bench clean
+.PHONY: test lint types unit demo bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,14 @@ demo: $(STAMP)
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench
 
+$(VENV)/.docs-installed: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(VENV)/.docs-installed
+
+# The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link,
+# a missing page or an unresolved API name fails the build. Nothing is fetched.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site
