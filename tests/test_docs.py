@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stormguard.protection import reset_process_guards
 from test_exported_members import PROMISED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +108,13 @@ def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
     """The block executes as written, without raising."""
     monkeypatch.chdir(tmp_path)
     code = expand_snippets(block.code)
-    exec(compile(code, block.where, "exec"), {"__name__": "__docs__"})
+    # Each block runs as if in a fresh process: no origin paused or breaker opened by
+    # another page's example (the HTTP adapters share per-origin guards process-wide).
+    reset_process_guards()
+    try:
+        exec(compile(code, block.where, "exec"), {"__name__": "__docs__"})
+    finally:
+        reset_process_guards()
 
 
 def test_pages_keep_their_examples() -> None:
