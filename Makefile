@@ -44,7 +44,7 @@ $(VENV)/.docs-installed: pyproject.toml $(STAMP)
 # The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link,
 # a missing page or an unresolved API name fails the build. Nothing is fetched.
 docs: $(VENV)/.docs-installed
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site
