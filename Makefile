@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint types unit demo bench clean rls-protos
+.PHONY: test lint types unit demo bench docs clean rls-protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ demo: $(STAMP)
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench
 
+$(VENV)/.docs-installed: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(VENV)/.docs-installed
+
+# The documentation site (mkdocs.yml, docs/) into site/: strict, so a broken link,
+# a missing page or an unresolved API name fails the build. Nothing is fetched.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # The rate-limit service's protobuf modules (src/stormguard/gateway/rls/_pb) from the
 # vendored .proto files. grpcio-tools is pinned: its generated code's runtime check is
 # the floor of `protobuf` in pyproject.toml (1.70.0 -> protobuf 5.29.0).
@@ -49,4 +58,4 @@ rls-protos:
 	$(PROTOS_VENV)/bin/python tools/gen_rls_protos.py
 
 clean:
-	rm -rf $(VENV) $(PROTOS_VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PROTOS_VENV) .mypy_cache .pytest_cache .ruff_cache site

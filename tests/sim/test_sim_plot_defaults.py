@@ -1,5 +1,5 @@
 """Issue 15 item 11: the occ plot tells every strategy apart, budget samples the
-failure rate finely by default, and the layers default depth is the README's."""
+failure rate finely by default, and the layers default depth is the one the docs show."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from stormguard.sim._cli import simulate_command
 from stormguard.sim._occ import OccRow
 from stormguard.sim._plots import _pyplot, occ_figure
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LAYERS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "simulator" / "layers.md"
 
 
 def occ_rows() -> list[OccRow]:
@@ -68,9 +68,9 @@ def test_failure_rate_ranges_are_validated(tmp_path: Path, bad: str) -> None:
     assert result.exit_code == 2
 
 
-def test_layers_default_depth_is_the_readme_depth(tmp_path: Path) -> None:
-    """`simulate layers` without --depth runs the depth the README's command shows."""
-    shown = re.search(r"stormguard simulate layers --depth (\d+)", README.read_text())
+def test_layers_default_depth_is_the_documented_depth(tmp_path: Path) -> None:
+    """`simulate layers` without --depth runs the depth the docs page's command shows."""
+    shown = re.search(r"stormguard simulate layers --depth (\d+)", LAYERS_PAGE.read_text())
     assert shown is not None
     args = ["layers", "--out", str(tmp_path), "--no-progress", "--no-plot", "--attempts", "2"]
     result = CliRunner().invoke(simulate_command, args, catch_exceptions=False)
