@@ -132,7 +132,15 @@ def _proxy_block(port: int, upstream: int, limit: bool) -> str:
     }}"""
 
 
-def _gateway_config(path: Path, port: int, admin: int, upstream: int, store: str) -> None:
+# What the approximate contender adds to each limit (see docs/gateway/fleet.md).
+APPROXIMATE = ", sync: {every: 0.1}"
+
+
+def _gateway_config(
+    path: Path, port: int, admin: int, upstream: int, store: str, sync: str = ""
+) -> None:
+    """The benchmark's gateway: a per-client and a global limit and a breaker;
+    ``sync`` is added to each limit (:data:`APPROXIMATE`: the approximate mode)."""
     path.write_text(
         textwrap.dedent(
             f"""\
@@ -146,8 +154,8 @@ def _gateway_config(path: Path, port: int, admin: int, upstream: int, store: str
                 breaker: {{failure_rate: 0.5, min_calls: 20, window: 30, open_for: 5}}
                 bulkhead: {{limit: 200}}
             limits:
-              per-client: {{algorithm: token_bucket, rate: 1000000, burst: 1000000, per: client}}
-              global: {{algorithm: sliding_window, limit: 100000000, window: 1, per: global}}
+              per-client: {{algorithm: token_bucket, rate: 1000000, burst: 1000000{sync}}}
+              global: {{algorithm: sliding_window, limit: 100000000, window: 1, per: global{sync}}}
             routes:
               - path: /
                 upstream: backend
