@@ -51,6 +51,7 @@ from .._extras import require
 from .._scope import AsyncScope, Scope
 from ..core._limiters import Algorithm, Decision, LimitRequest
 from . import _lua, _pipeline, _resp, _scripts
+from ._sentinel import SENTINEL_SCHEMES, master_client
 
 if TYPE_CHECKING:
     import redis
@@ -100,6 +101,19 @@ def _cluster_url(url: str) -> str | None:
     if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
         return f"{scheme.lower().partition('+')[0]}://{rest}"
     return None
+
+
+def _without_password(url: str) -> str:
+    # The URL with its userinfo replaced by *** (several hosts, as Sentinel has, too).
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc or not urlsplit(f"x://{netloc}/").password:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+
+
+def _is_sentinel(url: str) -> bool:
+    return url.partition("://")[0].lower() in SENTINEL_SCHEMES
 
 
 def _is_cluster_client(client: object) -> bool:
@@ -178,11 +192,7 @@ class _RedisBase:
 
     def __repr__(self) -> str:
         # Shown in outage log lines: never print a password from the URL.
-        parts = urlsplit(self.url)
-        url = self.url
-        if parts.password:
-            url = parts._replace(netloc=f"***@{parts.hostname}:{parts.port or 6379}").geturl()
-        return f"{type(self).__name__}({url!r}, prefix={self.prefix!r})"
+        return f"{type(self).__name__}({_without_password(self.url)!r}, prefix={self.prefix!r})"
 
 
 class RedisStore(_RedisBase, Scope):
@@ -190,8 +200,10 @@ class RedisStore(_RedisBase, Scope):
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, a
     ``redis+cluster://host:port`` (``rediss+cluster://``) URL naming one node of a
-    Redis Cluster, or a ready ``redis.Redis`` / ``redis.cluster.RedisCluster``
-    client (which ``close()`` leaves open). ``socket_timeout`` and
+    Redis Cluster, a ``redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]``
+    URL (the master the sentinels name, followed across failovers), or a ready
+    ``redis.Redis`` / ``redis.cluster.RedisCluster`` client (which ``close()``
+    leaves open). ``socket_timeout`` and
     ``connect_timeout`` bound every call (seconds); redis-py's own retries are off.
     Extra keyword arguments go to ``from_url`` of the redis-py client. Every redis
     error surfaces as :class:`stormguard.StoreError`. Scripts run on one connection
@@ -202,7 +214,7 @@ class RedisStore(_RedisBase, Scope):
     takes one round trip per slot, still all or nothing and never over-admitting.
     """
 
-    __slots__ = ("_client", "_conns", "_conns_lock", "_factory", "_local")
+    __slots__ = ("_client", "_conns", "_conns_lock", "_factory", "_local", "_pooled")
 
     def __init__(
         self,
@@ -216,6 +228,7 @@ class RedisStore(_RedisBase, Scope):
     ) -> None:
         self._client: Any = None
         self._factory: Callable[[], Any] | None = None
+        self._pooled = False  # scripts through the client's pool (Sentinel follows failovers)
         if not isinstance(url, str):
             self._client, cluster, owned, text = url, _is_cluster_client(url), False, repr(url)
         else:
@@ -223,7 +236,10 @@ class RedisStore(_RedisBase, Scope):
             node_url, owned, text = _cluster_url(url), True, url
             cluster = node_url is not None
             try:
-                if node_url is not None:
+                if _is_sentinel(url):
+                    self._client = master_client(url, kwargs, asyncio=False)
+                    self._pooled = True
+                elif node_url is not None:
                     # The sync cluster client connects when built: build it on first use,
                     # so a store made during an outage follows on_store_error.
                     require("redis.connection", "redis").parse_url(node_url)
@@ -267,7 +283,7 @@ class RedisStore(_RedisBase, Scope):
     def run_script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
         source, sha = load_script(name)
-        if self.cluster:
+        if self.cluster or self._pooled:
             return _run_on_client(self.client, source, sha, keys, args)
         conn = self._connection()
         try:
@@ -400,7 +416,9 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
             kwargs.update(redis_kwargs)
             node_url = _cluster_url(url)
             try:
-                if node_url is not None:
+                if _is_sentinel(url):
+                    self.client = master_client(url, kwargs, asyncio=True)
+                elif node_url is not None:
                     cluster_cls = require("redis.asyncio.cluster", "redis").RedisCluster
                     self.client = cluster_cls.from_url(node_url, **kwargs)
                 else:
