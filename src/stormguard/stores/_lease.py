@@ -135,14 +135,13 @@ class LeaseTable:
         if lease.units >= cost:
             self._spend(lease, cost, now)
             if lease.units < lease.size / 2 and lease.refill is None and reserve:
+                self._grow(lease, cost)
                 self._reserve(lease, 0.0, lease.size)  # the next one, in the background
             return True
         if not reserve:
             return None
         if lease.refill is None:
-            cap = max(cost, algorithm.limit / (4 * self.instances))
-            grown = 2 * lease.size if lease.size else cost
-            lease.size = min(cap, max(cost, grown))
+            self._grow(lease, cost)
             self._reserve(lease, cost, lease.size)
         assert lease.refill is not None
         return lease.refill
@@ -174,6 +173,11 @@ class LeaseTable:
                 (),
             ),
         )
+
+    def _grow(self, lease: _Lease, cost: float) -> None:
+        # Half a lease spent while valid: the next one is twice as large (capped).
+        cap = max(cost, lease.algorithm.limit / (4 * self.instances))
+        lease.size = min(cap, max(cost, 2 * lease.size if lease.size else cost))
 
     def _spend(self, lease: _Lease, cost: float, now: float) -> None:
         lease.units -= cost
