@@ -271,6 +271,38 @@ def test_approximate_token_bucket_with_refill_stays_within_its_bound(
 # -- exact limits on a slow Redis, under load ----------------------------------------
 
 
+def _load(ports: list[int], connections: int, seconds: float) -> None:
+    """Keep ``connections`` keep-alive connections per port busy for ``seconds``
+    (client "load"; run in a process of its own)."""
+    import asyncio
+
+    request = b"GET /echo HTTP/1.1\r\nHost: gw\r\nX-API-Key: load\r\n\r\n"
+
+    async def one(port: int, deadline: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        try:
+            while loop.time() < deadline:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        deadline = asyncio.get_running_loop().time() + seconds
+        await asyncio.gather(
+            *(one(port, deadline) for port in ports for _ in range(connections)),
+            return_exceptions=True,
+        )
+
+    asyncio.run(main())
+
+
 @pytest.mark.redis
 @pytest.mark.slow
 def test_exact_limits_stay_exact_on_a_redis_that_answers_slowly_under_load(
@@ -297,18 +329,26 @@ def test_exact_limits_stay_exact_on_a_redis_that_answers_slowly_under_load(
             "upstreams": {"a": {"url": up.url}},
             "limits": {
                 "pc": {"algorithm": "sliding_window", "limit": 100, "window": LONG},
-                "all": {"algorithm": "token_bucket", "rate": 1e-6, "burst": 1000, "per": "global"},
+                "all": {"algorithm": "token_bucket", "rate": 1e9, "burst": 1e9, "per": "global"},
             },
             "routes": [{"path": "/", "upstream": "a", "limits": ["pc", "all"]}],
         }
         gateways = [gateway_factory(config) for _ in range(2)]
         staller = threading.Thread(target=stall)
         staller.start()
+        import multiprocessing
+
+        load = multiprocessing.get_context("spawn").Process(
+            target=_load, args=([gw.http_port for gw in gateways], 48, 8.0)
+        )
+        load.start()
+        time.sleep(1.0)  # the load is on
         codes = _get_many(
-            [f"{gw.url}/echo" for gw in gateways], 300, threads=24, headers={"X-API-Key": "k"}
+            [f"{gw.url}/echo" for gw in gateways], 300, threads=16, headers={"X-API-Key": "k"}
         )
         stop.set()
         staller.join()
+        load.join()
         assert codes.count(200) == 100
         assert codes.count(429) == 200
         for gw in gateways:
