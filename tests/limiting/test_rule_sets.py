@@ -94,11 +94,11 @@ async def test_submit_resolves_from_a_callback_without_a_task(store_of: Callable
     await rules.submit(View("warm"), "GET", "/")  # connected
     before = len(asyncio.all_tasks())
     got: list[Any] = []
+    arrived = asyncio.Event()
     pending = rules.submit(View("a"), "GET", "/")
-    pending.add_done_callback(lambda p: got.append(p.result()))
+    pending.add_done_callback(lambda p: (got.append(p.result()), arrived.set()))
     assert len(asyncio.all_tasks()) == before
-    while not got:
-        await asyncio.sleep(0.001)
+    await asyncio.wait_for(arrived.wait(), 5)
     assert got[0].allowed
 
 
