@@ -357,3 +357,28 @@ def test_exact_limits_stay_exact_on_a_redis_that_answers_slowly_under_load(
     finally:
         stop.set()
         slow.discard()
+
+
+# -- a Sentinel store ----------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_two_gateways_share_exact_limits_through_sentinel(
+    redis_sentinel: Any, upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """store: redis+sentinel://...: two gateways decide on the master the sentinels name."""
+    import uuid
+
+    up = upstream_factory()
+    name = f"pc-{uuid.uuid4().hex[:8]}"  # the Sentinel set is shared by the session
+    config = {
+        "store": redis_sentinel.url,
+        "clients": {"key": ["header:X-API-Key", "ip"]},
+        "upstreams": {"a": {"url": up.url}},
+        "limits": {name: {"algorithm": "fixed_window", "limit": 4, "window": LONG}},
+        "routes": [{"path": "/", "upstream": "a", "limits": [name]}],
+    }
+    gateways = [gateway_factory(config) for _ in range(2)]
+    codes = _get_many([f"{gw.url}/echo" for gw in gateways], 10, headers={"X-API-Key": "s"})
+    assert codes.count(200) == 4
+    assert up.seen()["n"] == 4
