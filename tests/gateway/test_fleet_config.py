@@ -24,10 +24,14 @@ def _config(limit: dict[str, Any] | None = None, **top: Any) -> str:
 @pytest.mark.parametrize("algorithm", ["token_bucket", "gcra", "fixed_window", "sliding_window"])
 def test_sync_is_accepted_for_the_approximate_algorithms(algorithm: str) -> None:
     """sync: {every: S} parses for token buckets, GCRA, fixed and sliding windows."""
-    params = {"rate": 5, "burst": 5} if algorithm in ("token_bucket", "gcra") else {
-        "limit": 5,
-        "window": 1,
-    }
+    params = (
+        {"rate": 5, "burst": 5}
+        if algorithm in ("token_bucket", "gcra")
+        else {
+            "limit": 5,
+            "window": 1,
+        }
+    )
     config = parse_config(_config({"algorithm": algorithm, **params, "sync": {"every": 0.5}}))
     sync = config.limits["pc"].sync
     assert sync is not None and sync.every == 0.5
