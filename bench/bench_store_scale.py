@@ -42,7 +42,7 @@ def _config(path: Path, port: int, admin: int, upstream: int, max_keys: int | No
             upstreams:
               backend: {{url: http://127.0.0.1:{upstream}}}
             limits:
-              per-client: {{algorithm: token_bucket, rate: 0.01, burst: 100}}
+              per-client: {{algorithm: token_bucket, rate: 0.0001, burst: 100}}
               global: {{algorithm: sliding_window, limit: 100000000, window: 1, per: global}}
             routes:
               - path: /

@@ -236,6 +236,8 @@ class Plan:
         shadow: list[Decision] = []
         for entry in self.approximate:
             limiter, key, cost, is_shadow, every = entry
+            if is_shadow and shadow:
+                continue  # a shadow limit refused: the others are not decided
             health = limiter._health
             reserve = not health.degraded or health.usable()
             got = table.take(limiter.algorithm, limiter.name, key, cost, every, reserve)
@@ -247,8 +249,10 @@ class Plan:
                 health.fell_back()
                 return done(self._fallback())
             if isinstance(got, Decision):
-                if is_shadow:
+                if is_shadow:  # the shadow limits take nothing then (all or nothing)
                     shadow.append(got)
+                    self._put_back([e for e in taken if e[3]])
+                    taken = [e for e in taken if not e[3]]
                     continue
                 self._put_back(taken)
                 return done(got)
