@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .._errors import ConfigError, StormguardError
+from ..stores import _REDIS_SCHEMES
 
 __all__ = [
     "ALGORITHMS",
@@ -38,16 +39,7 @@ __all__ = [
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]
 
-STORE_SCHEMES = (
-    "memory",
-    "redis",
-    "rediss",
-    "unix",
-    "redis+cluster",
-    "rediss+cluster",
-    "redis+sentinel",
-    "rediss+sentinel",
-)
+STORE_SCHEMES = ("memory", *_REDIS_SCHEMES)
 ALGORITHMS = (
     "token_bucket",
     "gcra",
