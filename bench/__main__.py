@@ -26,6 +26,7 @@ BENCHMARKS = {
     "http-counts": "bench.bench_http_counts",
     "rls": "bench.bench_rls",
     "rls-instructions": "bench.bench_rls_instructions",
+    "store-scale": "bench.bench_store_scale",
 }
 
 

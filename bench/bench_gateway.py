@@ -9,7 +9,8 @@ Contenders, all in front of the same upstream (an nginx worker answering a fixed
 * nginx as a reverse proxy, plain pass-through (the peer);
 * nginx with ``limit_req`` (a zone per client IP, a rate nobody reaches);
 * ``stormguard gateway`` with a per-client limit, a global limit and a breaker on,
-  with the memory store and with Redis (a redis-server started for the run).
+  with the memory store, with Redis (a redis-server started for the run), and with
+  Redis in approximate mode (``sync: {every: 0.1}`` on both limits).
 
 Every proxy runs one worker process, started afresh for each of its runs. The
 50-connection runs go in three rounds, each round running every contender in turn,
@@ -132,7 +133,15 @@ def _proxy_block(port: int, upstream: int, limit: bool) -> str:
     }}"""
 
 
-def _gateway_config(path: Path, port: int, admin: int, upstream: int, store: str) -> None:
+# What the approximate contender adds to each limit (see docs/gateway/fleet.md).
+APPROXIMATE = ", sync: {every: 0.1}"
+
+
+def _gateway_config(
+    path: Path, port: int, admin: int, upstream: int, store: str, sync: str = ""
+) -> None:
+    """The benchmark's gateway: a per-client and a global limit and a breaker;
+    ``sync`` is added to each limit (:data:`APPROXIMATE`: the approximate mode)."""
     path.write_text(
         textwrap.dedent(
             f"""\
@@ -146,8 +155,8 @@ def _gateway_config(path: Path, port: int, admin: int, upstream: int, store: str
                 breaker: {{failure_rate: 0.5, min_calls: 20, window: 30, open_for: 5}}
                 bulkhead: {{limit: 200}}
             limits:
-              per-client: {{algorithm: token_bucket, rate: 1000000, burst: 1000000, per: client}}
-              global: {{algorithm: sliding_window, limit: 100000000, window: 1, per: global}}
+              per-client: {{algorithm: token_bucket, rate: 1000000, burst: 1000000{sync}}}
+              global: {{algorithm: sliding_window, limit: 100000000, window: 1, per: global{sync}}}
             routes:
               - path: /
                 upstream: backend
@@ -296,16 +305,18 @@ def _contenders(
             workdir, name.replace(" ", "_").replace("+", ""), _proxy_block(port, up_port, limit)
         )
         contenders.append((_Row(name, port), partial(_warm_process, cmd, port)))
-    stores: list[tuple[str, str, int | None]] = [("memory", "memory", None)]
+    stores: list[tuple[str, str, int | None, str]] = [("memory", "memory", None, "")]
     if redis_server is not None:
         redis_port = _free_port()
         redis_cmd = [redis_server, "--port", str(redis_port), "--save", "", "--appendonly", "no"]
         stack.enter_context(_process([*redis_cmd, "--dir", str(workdir)], redis_port))
-        stores.append(("redis", f"redis://127.0.0.1:{redis_port}/0", redis_port))
-    for label, store, redis_port in stores:
+        url = f"redis://127.0.0.1:{redis_port}/0"
+        stores.append(("redis", url, redis_port, ""))
+        stores.append(("redis, approximate", url, redis_port, APPROXIMATE))
+    for label, store, redis_port, sync in stores:
         port, admin = _free_port(), _free_port()
-        config = workdir / f"gateway-{label}.yaml"
-        _gateway_config(config, port, admin, up_port, store)
+        config = workdir / f"gateway-{label.replace(', ', '-')}.yaml"
+        _gateway_config(config, port, admin, up_port, store, sync)
         row = _Row(f"stormguard gateway ({label})", port, redis_port)
         contenders.append((row, partial(_warm_process, _gateway_cmd(config), port)))
     return contenders
@@ -325,7 +336,7 @@ def _print(rows: list[_Row], seconds: int, rounds: int) -> None:
     print(f"wrk, {CONNECTIONS} connections, {seconds}s each, {each}; one worker per proxy")
     head = ("contender", "req/s", "p50 ms", "p99 ms", "vs nginx", "rounds", "added p50")
     print(
-        f"{head[0]:32} {head[1]:>10} {head[2]:>8} {head[3]:>8} {head[4]:>9} {head[5]:>11}"
+        f"{head[0]:38} {head[1]:>10} {head[2]:>8} {head[3]:>8} {head[4]:>9} {head[5]:>11}"
         f" {head[6]:>10}"
     )
     for r in rows:
@@ -334,18 +345,18 @@ def _print(rows: list[_Row], seconds: int, rounds: int) -> None:
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
         added = r.median(1) - direct.median(1)
         print(
-            f"{r.name:32} {r.median(0):10.0f} {r.median(1):8.2f} {r.median(2):8.2f}"
+            f"{r.name:38} {r.median(0):10.0f} {r.median(1):8.2f} {r.median(2):8.2f}"
             f" {statistics.median(ratios):8.2f}x {spread:>11} {added:9.2f}ms"
         )
     # At 50 connections p50 is mostly queueing (Little's law: 50 / throughput); one
     # connection shows what a proxy adds to a single request.
     print(f"\nwrk, 1 connection, {max(1, seconds // 2)}s each: the latency a proxy adds")
     head = ("contender", "p50 ms", "p99 ms", "added p50", "Redis round trips/req")
-    print(f"{head[0]:32} {head[1]:>8} {head[2]:>8} {head[3]:>10} {head[4]:>22}")
+    print(f"{head[0]:38} {head[1]:>8} {head[2]:>8} {head[3]:>10} {head[4]:>22}")
     for r in rows:
         trips = f"{r.round_trips:22.3f}" if r.round_trips is not None else f"{'-':>22}"
         added = (r.p50_1 - direct.p50_1) * 1000
-        print(f"{r.name:32} {r.p50_1:8.3f} {r.p99_1:8.3f} {added:8.0f}us {trips}")
+        print(f"{r.name:38} {r.p50_1:8.3f} {r.p99_1:8.3f} {added:8.0f}us {trips}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """What one proxied request costs the gateway's process in CPU instructions.
 
-The gateway (memory store, configured as in bench_gateway.py: a per-client and a
-global limit and a breaker) runs under valgrind's callgrind in front of the same
-nginx upstream; a small client sends keep-alive GETs over a few connections, one
+The gateway (configured as in bench_gateway.py: a per-client and a global limit
+and a breaker; with the memory store, with Redis -- a redis-server started for the
+run -- and with Redis in approximate mode) runs under valgrind's callgrind in front
+of the same nginx upstream; a small client sends keep-alive GETs over a few connections, one
 request per connection at a time. Instructions are collected only while the
 client runs (callgrind_control zeroes the counters, then dumps them), for two
 request counts; the difference divided by the difference in requests leaves out
@@ -23,12 +24,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from bench import bench_gateway as gw
 
 CONNECTIONS = 4
 REQUESTS = (1000, 3000)  # quick: (300, 900)
+# The approximate contender's sync interval. Under callgrind the gateway runs some
+# fifty times slower, so an interval spans fifty times fewer requests than at full
+# speed: 2 s here is about what 0.04 s is outside valgrind (bench_gateway uses 0.1).
+APPROXIMATE = ", sync: {every: 2}"
 
 
 def _drive(port: int, requests: int, connections: int = CONNECTIONS) -> None:
@@ -89,6 +95,34 @@ def _collected(out: Path, pid: int, requests: int, port: int) -> int:
     raise RuntimeError("callgrind wrote no dump")
 
 
+def _count_contender(
+    workdir: Path, label: str, store: str, up: int, low: int, high: int, extra: str = ""
+) -> tuple[int, int]:
+    """Instructions of one gateway (``store``) at ``low`` and ``high`` requests."""
+    port, admin = gw._free_port(), gw._free_port()
+    config = workdir / f"gateway-{label}.yaml"
+    gw._gateway_config(config, port, admin, up, store, extra)
+    out = workdir / f"callgrind-{label}.out"
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}.%p",
+        *gw._gateway_cmd(config),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        gw._wait_port(port, proc, timeout=300)
+        _drive(port, 300)  # warm: upstream connections open, tables filled
+        _control(proc.pid, "-i", "on")
+        _drive(port, 300)
+        return _collected(out, proc.pid, low, port), _collected(out, proc.pid, high, port)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def main(quick: bool) -> None:
     """Count the gateway's instructions per request (``quick``: fewer requests)."""
     for tool, package in (("valgrind", "valgrind"), ("nginx", "nginx")):
@@ -96,39 +130,30 @@ def main(quick: bool) -> None:
             print(f"{tool} is not installed (Debian package {package!r}): count skipped")
             return
     low, high = (300, 900) if quick else REQUESTS
-    with tempfile.TemporaryDirectory(prefix="stormguard-bench-instr-") as tmp:
+    redis_server = shutil.which("redis-server")
+    with tempfile.TemporaryDirectory(prefix="stormguard-bench-instr-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         up = gw._free_port()
         cmd, _ = gw._nginx(workdir, "upstream", gw._upstream_block(up))
-        with gw._process(cmd, up):
-            port, admin = gw._free_port(), gw._free_port()
-            config = workdir / "gateway.yaml"
-            gw._gateway_config(config, port, admin, up, "memory")
-            out = workdir / "callgrind.out"
-            command = [
-                "valgrind",
-                "--tool=callgrind",
-                "--instr-atstart=no",
-                f"--callgrind-out-file={out}.%p",
-                *gw._gateway_cmd(config),
-            ]
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
-            proc = subprocess.Popen(
-                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            try:
-                gw._wait_port(port, proc, timeout=300)
-                _drive(port, 300)  # warm: upstream connections open, tables filled
-                _control(proc.pid, "-i", "on")
-                _drive(port, 300)
-                counts = {n: _collected(out, proc.pid, n, port) for n in (low, high)}
-            finally:
-                proc.terminate()
-                proc.wait()
-    per = (counts[high] - counts[low]) / (high - low)
-    print(f"gateway (memory store), {CONNECTIONS} keep-alive connections, under callgrind")
-    print(f"instructions per request: {per:,.0f}")
-    print(f"(all instructions at {high} requests, divided by them: {counts[high] / high:,.0f})")
+        stack.enter_context(gw._process(cmd, up))
+        contenders = [("memory", "memory", "")]
+        if redis_server is None:
+            print("redis-server is not installed: the Redis rows are skipped")
+        else:
+            redis_port = gw._free_port()
+            redis_cmd = [redis_server, "--port", str(redis_port), "--save", "", "--appendonly"]
+            stack.enter_context(gw._process([*redis_cmd, "no", "--dir", tmp], redis_port))
+            url = f"redis://127.0.0.1:{redis_port}/0"
+            contenders += [("redis", url, ""), ("redis-approx", url, APPROXIMATE)]
+        per = {}
+        for label, store, extra in contenders:
+            counts = _count_contender(workdir, label, store, up, low, high, extra)
+            per[label] = (counts[1] - counts[0]) / (high - low)
+    print(f"gateway, per-client + global limits + breaker, {CONNECTIONS} keep-alive connections,")
+    print("under callgrind: instructions per proxied request")
+    memory = per["memory"]
+    for label, value in per.items():
+        print(f"  {label:14} {value:10,.0f}   {value / memory:5.2f}x the memory store")
 
 
 if __name__ == "__main__":

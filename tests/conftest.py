@@ -378,3 +378,26 @@ def redis_cluster() -> Iterator[RedisCluster]:
 def redis_cluster_url(redis_cluster: RedisCluster) -> str:
     """URL of the shared Redis Cluster (``redis+cluster://127.0.0.1:PORT``)."""
     return redis_cluster.url
+
+
+# -- Redis Sentinel ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[object]:
+    """A Sentinel set for the session (tests/redis_support.py): a master, a replica
+    and three sentinels; ``.url`` is its ``redis+sentinel://`` URL. Skips (or fails,
+    with STORMGUARD_REQUIRE_REDIS=1) when redis-sentinel is missing."""
+    from redis_support import SentinelSet
+
+    with _owned(lambda: SentinelSet().start(), "a Redis Sentinel set") as sentinel:  # type: ignore[type-var]
+        yield sentinel
+
+
+@pytest.fixture
+def owned_sentinel() -> Iterator[object]:
+    """A Sentinel set of this test's own, which it may fail over (outage tests)."""
+    from redis_support import SentinelSet
+
+    with _owned(lambda: SentinelSet().start(), "a Redis Sentinel set") as sentinel:  # type: ignore[type-var]
+        yield sentinel

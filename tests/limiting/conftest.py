@@ -1,4 +1,5 @@
-"""Limiter fixtures: one harness over memory/Redis/Redis Cluster x sync/async (contract suite)."""
+"""Limiter fixtures: one harness over memory/Redis/Redis Cluster/Sentinel x sync/async
+(the contract suite)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ KINDS = [
     "redis-async",
     "cluster-sync",
     "cluster-async",
+    "sentinel-sync",
+    "sentinel-async",
 ]
+_URL_FIXTURES = {"redis": "redis_url", "cluster": "redis_cluster_url", "sentinel": "sentinel_url"}
+
+
+@pytest.fixture
+def sentinel_url(redis_sentinel: Any) -> str:
+    """The session Sentinel set's ``redis+sentinel://`` URL."""
+    return str(redis_sentinel.url)
 
 
 @pytest.fixture(params=KINDS)
@@ -32,8 +42,7 @@ async def make_limiter(request: pytest.FixtureRequest, key_prefix: str) -> Async
         from stormguard.stores import AsyncRedisStore, RedisStore
 
         pytest.importorskip("redis")
-        fixture = "redis_url" if kind.startswith("redis") else "redis_cluster_url"
-        url = request.getfixturevalue(fixture)
+        url = request.getfixturevalue(_URL_FIXTURES[kind.partition("-")[0]])
         cls = AsyncRedisStore if kind.endswith("async") else RedisStore
         # Generous timeouts: these tests check decisions, and a loaded CI host must
         # not turn a slow reply into an on_store_error answer.

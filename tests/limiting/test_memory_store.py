@@ -29,6 +29,35 @@ def test_a_flood_of_keys_is_capped(clock: FakeClock) -> None:
     assert len(store) == 100
 
 
+@pytest.mark.parametrize("algorithm", [FixedWindow(5, 60), TokenBucket(0.1, 5)])
+def test_evictions_count_only_keys_whose_limit_was_not_full_again(
+    clock: FakeClock, algorithm: object
+) -> None:
+    """A full store forgetting live keys counts each; keys past their reset are
+    dropped without counting (forgetting them changes no decision)."""
+    store = MemoryStore(max_keys=10, clock=clock)
+    limiter = RateLimiter(algorithm, store)  # type: ignore[arg-type]
+    for i in range(25):
+        limiter.hit(f"live-{i}")
+    assert len(store) == 10 and store.evictions == 15
+    clock.advance(1000)  # every key is back to full
+    for i in range(25):
+        limiter.hit(f"later-{i}")
+    assert store.evictions == 15 + 15  # 15 live new keys; the ten expired ones uncounted
+
+
+def test_distinct_keys_that_expire_do_not_fill_the_store(clock: FakeClock) -> None:
+    """Keys expiring as fast as new ones arrive are swept faster than they come: the
+    table holds about the live keys, not the bound."""
+    store = MemoryStore(max_keys=10_000, clock=clock)
+    limiter = RateLimiter(TokenBucket(10, 10), store)  # one hit is refilled in 0.1 s
+    for i in range(5_000):
+        limiter.hit(f"client-{i}")
+        clock.advance(0.01)  # ten keys live at a time
+    assert len(store) < 100
+    assert store.evictions == 0
+
+
 def test_lru_keeps_the_recently_used_keys(clock: FakeClock) -> None:
     """The least recently used key is the one evicted."""
     store = MemoryStore(max_keys=2, clock=clock)

@@ -177,36 +177,34 @@ def test_lua_scripts_ship_as_package_data() -> None:
     assert "limit.lua" in names
 
 
-async def test_async_hits_in_one_tick_share_a_round_trip(redis_url: str, key_prefix: str) -> None:
+async def _evalsha_calls(client: Any) -> int:
+    """EVALSHA commands the server ran so far (INFO commandstats)."""
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_async_hits_in_one_tick_share_a_round_trip(owned_redis: Any, key_prefix: str) -> None:
     """Concurrent async hits are coalesced; each group is still decided exactly."""
-    # Generous timeouts: with max_batch=1 twenty connections open at once, and on a
+    # Generous timeouts: with max_batch=1 twenty batches queue at once, and on a
     # loaded machine one may take longer than the default 0.25 s (the local
     # fallback would then decide, which is not what this test is about).
     patient = {"socket_timeout": 5.0, "connect_timeout": 5.0}
-    async with AsyncRedisStore(redis_url, prefix=key_prefix, **patient) as store:
-        calls = 0
-        evalsha = store.client.evalsha
+    import asyncio
 
-        async def counting(*args: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            return await evalsha(*args)  # type: ignore[misc]
-
-        store.client.evalsha = counting  # type: ignore[method-assign]
+    async with AsyncRedisStore(owned_redis.url, prefix=key_prefix, **patient) as store:
+        assert store.own_connection
+        before = await _evalsha_calls(store.client)
         limiter = AsyncRateLimiter(TokenBucket(0.001, 50), store)
-        import asyncio
-
         decisions = await asyncio.gather(*(limiter.hit("hot") for _ in range(200)))
         assert sum(d.allowed for d in decisions) == 50
+        calls = await _evalsha_calls(store.client) - before
         assert 1 <= calls <= 4  # 200 hits in batches of at most 128
-        keys = await store.client.keys(key_prefix + "*")
-        await store.client.delete(*keys)
-    async with AsyncRedisStore(redis_url, prefix=key_prefix, max_batch=1, **patient) as store:
+    async with AsyncRedisStore(owned_redis.url, prefix=key_prefix, max_batch=1, **patient) as store:
+        before = await _evalsha_calls(store.client)
         limiter = AsyncRateLimiter(TokenBucket(0.001, 5), store)
-        decisions = await asyncio.gather(*(limiter.hit("hot") for _ in range(20)))
+        decisions = await asyncio.gather(*(limiter.hit("other") for _ in range(20)))
         assert sum(d.allowed for d in decisions) == 5
-        keys = await store.client.keys(key_prefix + "*")
-        await store.client.delete(*keys)
+        assert await _evalsha_calls(store.client) - before == 20  # one EVALSHA each
 
 
 async def test_async_store_decides_groups_in_one_call(redis_url: str, key_prefix: str) -> None:

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .._errors import ConfigError, StormguardError
+from ..stores import _REDIS_SCHEMES
 
 __all__ = [
     "ALGORITHMS",
@@ -38,6 +39,7 @@ __all__ = [
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]
 
+STORE_SCHEMES = ("memory", *_REDIS_SCHEMES)
 ALGORITHMS = (
     "token_bucket",
     "gcra",
@@ -196,8 +198,23 @@ def _scheme(url: str) -> str:
     return url.partition("://")[0].lower() if "://" in url else ""
 
 
+class Sync(_Model):
+    """Approximate mode of a shared limit: decided from this process's reservations,
+    settled with the store ``every`` seconds (see docs/gateway/fleet.md for the bound)."""
+
+    every: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
+
+
+# The algorithms a `sync` limit may use (one-string state in Redis).
+SYNC_ALGORITHMS = ("token_bucket", "gcra", "fixed_window", "sliding_window")
+
+
 class Limit(_Model):
-    """A named limit: an algorithm with its parameters, counted ``per`` client or globally."""
+    """A named limit: an algorithm with its parameters, counted ``per`` client or globally.
+
+    ``sync: {every: S}`` makes it approximate on a shared store (absent: exact);
+    ``shadow: true`` decides and counts it but never refuses with it.
+    """
 
     algorithm: Literal[
         "token_bucket", "gcra", "sliding_window", "sliding_log", "fixed_window", "concurrency"
@@ -208,6 +225,8 @@ class Limit(_Model):
     window: Seconds | None = None
     lease: Seconds = 60.0
     per: Literal["client", "global"] = "client"
+    sync: Sync | None = None
+    shadow: bool = False
 
     @model_validator(mode="after")
     def _parameters(self) -> Limit:
@@ -225,6 +244,10 @@ class Limit(_Model):
             raise ValueError(f"{self.algorithm} needs {', '.join(missing)}")
         if extra:
             raise ValueError(f"{self.algorithm} takes no {', '.join(extra)}")
+        if self.sync is not None and self.algorithm not in SYNC_ALGORITHMS:
+            raise ValueError(
+                f"sync (approximate mode) takes {', '.join(SYNC_ALGORITHMS)}, not {self.algorithm}"
+            )
         return self
 
 
@@ -307,14 +330,35 @@ class GatewayConfig(_Model):
     body_timeout: Seconds = 30.0
     drain: Annotated[float, Field(ge=0)] = 10.0
     access_log: bool = True
+    shadow: bool = False
+    store_max_keys: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("store")
     @classmethod
     def _store(cls, value: str) -> str:
         scheme = value.partition("://")[0].lower()
-        if value != "memory" and scheme not in ("memory", "redis", "rediss", "unix"):
-            raise ValueError(f"must be 'memory' or a redis:// URL, got {value!r}")
+        if value != "memory" and scheme not in STORE_SCHEMES:
+            raise ValueError(
+                f"must be 'memory' or a {', '.join(s + '://' for s in STORE_SCHEMES[1:])} URL, "
+                f"got {value!r}"
+            )
+        if scheme in ("redis+sentinel", "rediss+sentinel"):
+            from ..stores._sentinel import parse_sentinel_url
+
+            try:
+                parse_sentinel_url(value)
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("url: ")) from None
         return value
+
+    @property
+    def max_keys(self) -> int:
+        """The memory store's bound: ``store_max_keys``, else room for a million
+        clients on every per-client limit (plus the global ones)."""
+        if self.store_max_keys is not None:
+            return self.store_max_keys
+        per_client = sum(1 for limit in self.limits.values() if limit.per == "client")
+        return max(1, per_client) * 1_000_000 + len(self.limits)
 
     @property
     def shared_store(self) -> bool:

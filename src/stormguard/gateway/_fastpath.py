@@ -115,10 +115,13 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             proto, scope, keep_alive, rt, route, pool, None, None, time.perf_counter(), None
         )
         exchange.client, exchange.rule = client, rule
+        # fleet (issue 25): the limits join the store's next batch now, from the parser
+        # callback (RuleSet.submit); the task below only awaits the answer.
+        view = view or ScopeView(scope)
+        rules = route.rules
+        decided = rules.submit(view, method, scope["path"], quiet=True) if rules else None
         # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
-        exchange.waiting = proto.loop.create_task(
-            exchange.admit_then_send(view or ScopeView(scope))
-        )
+        exchange.waiting = proto.loop.create_task(exchange.admit_then_send(decided))
         return exchange
     ready = pool.pick_ready()
     if ready is None:
@@ -295,16 +298,15 @@ class FastExchange(_Exchange):
         self.request = (method, path + b"?" + query if query else path, block)
         self.response = pool.client.send_now(conn, *self.request, self, proto.outbox)
 
-    async def admit_then_send(self, view: ScopeView) -> None:
+    async def admit_then_send(self, decided: Any) -> None:
         """The awaited path (AWAIT): the route's limits, then the upstream's breaker
         and bulkhead, as the ASGI path decides them; then :meth:`send`. A client that
         went away meanwhile is seen after each await (what was taken is given back);
         the task is never cancelled, so nothing taken is lost to a cancellation."""
         route, pool = self.route, self.pool
         try:
-            rules = route.rules
-            if rules is not None:
-                decision = await rules.adecide(view, self.method, self.scope["path"])
+            if decided is not None:  # fleet (issue 25): the answer of RuleSet.submit
+                decision = await decided
                 if self.client_left():
                     return
                 if decision is not None and not decision.allowed:

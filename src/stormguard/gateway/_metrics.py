@@ -52,6 +52,19 @@ _COUNTERS = {
         "WebSocket messages passed by route and direction.",
         ("route", "direction"),
     ),
+    # fleet (issue 25): shadow limits and the memory store's bound.
+    "shadow_refusals": (
+        "shadow_refusals",
+        "Requests a shadow limit would have refused (let through), by route and reason "
+        "(shadow:<limit>).",
+        ("route", "reason"),
+    ),
+    "store_evictions": (
+        "store_evictions",
+        "Keys whose limit was not yet back to full that the memory store forgot to stay "
+        "within store_max_keys (their clients start afresh).",
+        (),
+    ),
 }
 _GAUGES = {
     "in_flight": (
@@ -93,6 +106,8 @@ class GatewayMetrics:
     requests: Counter
     refused_clients: Counter
     ws_messages: Counter
+    shadow_refusals: Counter
+    store_evictions: Counter
     in_flight: Gauge
     bulkhead_limit: Gauge
     breaker: Gauge
@@ -135,6 +150,12 @@ class GatewayMetrics:
         counts[key] = counts.get(key, 0) + 1
         if not self._batch:
             self.flush()
+
+    def shadow(self, route: str, reasons: tuple[str, ...]) -> None:
+        """A request of ``route`` that shadow limits would have refused (``reasons``:
+        ``shadow:<limit>`` each); it was let through."""
+        for reason in reasons:
+            self.shadow_refusals.labels(route, reason).inc()
 
     def observe_latency(self, upstream: str, seconds: float) -> None:
         """Time to an upstream's response headers."""
@@ -264,6 +285,13 @@ class StatusBuilder:
             row = ws_messages.setdefault(s.labels["route"], {"in": 0, "out": 0})
             row[s.labels["direction"]] = row.get(s.labels["direction"], 0) + int(s.value)
         store_down = any(s.value for s in samples.get("stormguard_gateway_store_unavailable", []))
+        shadow: dict[str, dict[str, int]] = {}
+        for s in samples.get("stormguard_gateway_shadow_refusals_total", []):
+            row = shadow.setdefault(s.labels["route"], {})
+            row[s.labels["reason"]] = row.get(s.labels["reason"], 0) + int(s.value)
+        evictions = sum(
+            int(s.value) for s in samples.get("stormguard_gateway_store_evictions_total", [])
+        )
         now = time.monotonic()
         history = self._history
         history.append((now, total))
@@ -282,4 +310,6 @@ class StatusBuilder:
             "websockets": websockets,
             "websocket_messages": ws_messages,
             "store": "unavailable" if store_down else "ok",
+            "shadow_refusals": shadow,  # route -> {"shadow:<limit>": requests let through}
+            "store_evictions": evictions,
         }

@@ -32,7 +32,7 @@ from ..server._types import Message, Receive, Scope, Send
 from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
-from ._runtime import CLIENT_KEY, CompiledRoute, Runtime, client_of
+from ._runtime import CLIENT_KEY, SHADOW_KEY, CompiledRoute, Runtime, client_of
 from ._upstream import Held, Target, UpstreamPool
 from ._wire import DISCONNECT, request_headers, response_headers
 
@@ -127,6 +127,8 @@ def account(
             "upstream": ex.upstream,
             "ms": round((time.perf_counter() - started) * 1000, 3),
         }
+        if SHADOW_KEY in scope:  # fleet (issue 25): what shadow limits would have refused
+            line["shadow"] = list(scope[SHADOW_KEY])
         access_log.info(json.dumps(line, separators=(",", ":")))
 
 

@@ -4,9 +4,18 @@
 # Runtime and swaps it in one assignment; requests in flight finish on the one
 # they started with. Upstreams whose settings did not change are carried over, so
 # a reload keeps their breaker state, bulkhead slots and connection pools.
+#
+# Limits: `sync` makes a limit approximate on a shared store (server/_decide.py),
+# `shadow` (per limit, or top-level for all) decides and counts it without refusing
+# -- the refusals it would have made go to the metrics and, through the request's
+# scope (SHADOW_KEY), to its access log line. Two routes naming one limit share it:
+# the store keys are the limit's name and the client, whatever the route.
+# The memory store is bounded by `store_max_keys`; the keys it forgets before their
+# limit is full again are counted (metrics) and logged at most once a minute.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +37,13 @@ from ._config import GatewayConfig, Limit, Route, WebSocketSettings
 from ._metrics import BREAKER_CODES, GatewayMetrics
 from ._upstream import UpstreamPool
 
-__all__ = ["CLIENT_KEY", "CompiledRoute", "Runtime", "algorithm_of", "client_of"]
+__all__ = ["CLIENT_KEY", "SHADOW_KEY", "CompiledRoute", "Runtime", "algorithm_of", "client_of"]
 
 log = logging.getLogger("stormguard.gateway")
 CLIENT_KEY = "stormguard.client"  # scope entry holding the request's client key
+SHADOW_KEY = "stormguard.shadow"  # scope entry: the shadow refusals of the request
 _MAX_MATCHED = 1024
+_EVICTION_LOG_EVERY = 60.0  # seconds between two eviction warnings, at least
 
 
 def algorithm_of(limit: Limit) -> Algorithm:
@@ -101,10 +112,14 @@ class Runtime:
         instances = config.instances or workers
         if previous is not None and previous.config.store == config.store:
             self.store: Any = previous.store
+            if isinstance(self.store, MemoryStore):
+                self.store.max_keys = config.max_keys
         elif config.shared_store:
             self.store = from_url(config.store, asyncio=True, instances=instances)
         else:
-            self.store = MemoryStore()
+            self.store = MemoryStore(max_keys=config.max_keys)
+        # (evictions counted so far, the last warning's time): carried over a reload
+        self._evictions: list[float] = [0, -1e9] if previous is None else previous._evictions
         shared = self.store if config.shared_store else None
         self.identity = ClientIdentity(config.clients.key, config.clients.trusted_proxies)
         self.upstreams: dict[str, UpstreamPool] = {}
@@ -145,7 +160,10 @@ class Runtime:
         for name in route.limits:
             limit = config.limits[name]
             key: Any = "global" if limit.per == "global" else client_of
-            rules.append(Rule(algorithm_of(limit), key=key, name=name))
+            sync = limit.sync.every if limit.sync is not None and config.shared_store else None
+            rules.append(
+                Rule(algorithm_of(limit), key=key, name=name, shadow=limit.shadow, sync=sync)
+            )
         ruleset = None
         leased: dict[str, Any] = {}
         if rules:
@@ -154,6 +172,8 @@ class Runtime:
                 store=self.store,
                 on_store_error=config.on_store_error,
                 instances=instances,
+                shadow=config.shadow,
+                on_shadow=self._shadow_hook(route.name),
             )
             leased = {
                 rule.name: limiter
@@ -174,6 +194,18 @@ class Runtime:
             websocket=route.websocket,
             leased=leased,
         )
+
+    def _shadow_hook(self, route: str) -> Any:
+        metrics = self.metrics
+
+        def would_refuse(view: Any, refused: tuple[Any, ...]) -> None:
+            reasons = tuple(f"shadow:{decision.name}" for decision in refused)
+            metrics.shadow(route, reasons)
+            scope = getattr(view, "raw", None)
+            if isinstance(scope, dict):
+                scope[SHADOW_KEY] = reasons
+
+        return would_refuse
 
     def _breaker_event(self, event: BreakerEvent) -> None:
         name = (event.name or "").removeprefix("gateway:")
@@ -207,6 +239,30 @@ class Runtime:
             m.in_flight.labels(name).set(pool.in_flight)
         if self.routes and self.routes[0].rules is not None:
             m.store_down.set(1.0 if self.routes[0].rules.store_down else 0.0)
+        self._count_evictions()
+
+    def _count_evictions(self) -> None:
+        # The memory store's live evictions since the last look: counted, and logged
+        # at most once a minute (a busy bound would otherwise flood the log).
+        store = self.store
+        if not isinstance(store, MemoryStore):
+            return
+        seen, logged_at = self._evictions
+        total = store.evictions
+        if total <= seen:
+            return
+        self.metrics.store_evictions.inc(total - seen)
+        self._evictions[0] = total
+        now = time.monotonic()
+        if now - logged_at >= _EVICTION_LOG_EVERY:
+            self._evictions[1] = now
+            log.warning(
+                "memory store full (store_max_keys=%d): %d keys forgotten before their limit "
+                "was full again (those clients start afresh); raise store_max_keys or use a "
+                "shared store",
+                store.max_keys,
+                total,
+            )
 
     async def close_retired(self) -> None:
         """Close the connection pools of upstreams a reload dropped or replaced."""

@@ -9,20 +9,60 @@
 # Store outages follow `on_store_error` inside the limiters; `store_down` says an
 # answer came from that fallback, so a front end can tell "you are over your limit"
 # (429) from "we cannot count right now" (the closed mode: 503).
+#
+# Entry points: `decide` (sync; a MemoryStore serves async callers through it too),
+# `adecide` (a coroutine), and `submit` -- no coroutine, no task: a Pending resolved
+# from the store connection's callbacks (server/_plan.py), for a request chain that
+# continues in a done-callback. All three give the same answers.
+#
+# Shadow rules (`Rule(shadow=True)`, or `RuleSet(shadow=True)` for every rule) are
+# decided and counted but never refuse: they are decided after the enforced rules,
+# only when those admitted (what enforcing them would have seen), and a request
+# they would have refused gets the enforced decision as a `Shadowed` one whose
+# `.shadow` lists their refusals (reason "shadow:<limit name>"; `shadow_refusals`),
+# and `on_shadow(view, refusals)` is called. That is the whole API a front end
+# needs (the gateway counts them; the rate-limit service's `shadow_mode` is this).
+#
+# Approximate rules (`Rule(sync=SECONDS)`) on a Redis store are decided from this
+# process's reservations (stores/_lease.py, one table per store); on a MemoryStore
+# they are exact.
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import AsyncRateLimiter, RateLimiter
 from .._errors import ConfigError
 from ..core._decision import Decision, combine
-from ..core._limiters import check_cost
+from ..core._limiters import Concurrency, check_cost
 from ..limiting._limiter import combined
 from ..stores import MemoryStore, from_url
+from ..stores._lease import LeaseTable
+from ..stores._pending import Pending, done
+from ._plan import NOTHING, Entry, Plan, Shadowed, shadow_refusals, shadowed
 from ._rules import ClientAddress, KeyFunc, RequestView, Rule, compile_key
 
-__all__ = ["RuleSet", "close_on_shutdown", "open_store"]
+__all__ = [
+    "RuleSet",
+    "Shadowed",
+    "close_on_shutdown",
+    "lease_table",
+    "open_store",
+    "shadow_refusals",
+]
+
+OnShadow = Callable[[RequestView, tuple[Decision, ...]], None]
+_MAX_PLANS = 4096
+_TABLES: weakref.WeakKeyDictionary[object, LeaseTable] = weakref.WeakKeyDictionary()
+
+
+def lease_table(store: object, instances: int = 1) -> LeaseTable:
+    """The approximate limits' reservations of this process on ``store`` (one per store)."""
+    table = _TABLES.get(store)
+    if table is None:
+        table = _TABLES.setdefault(store, LeaseTable(store, instances=instances))
+    return table
 
 
 def open_store(store: object, *, asyncio: bool) -> Any:
@@ -61,12 +101,29 @@ def close_on_shutdown(send: Any, store: Any) -> Any:
 class RuleSet:
     """Rules plus their limiters on one store; decides a request in one store call.
 
-    ``asyncio`` picks :class:`AsyncRateLimiter` (``await adecide``) or
+    ``asyncio`` picks :class:`AsyncRateLimiter` (``await adecide``, ``submit``) or
     :class:`RateLimiter` (``decide``). ``on_store_error``, ``instances`` and
-    ``retry_store_after`` go to every limiter.
+    ``retry_store_after`` go to every limiter. ``shadow=True`` makes every rule a
+    shadow rule; ``on_shadow(view, refusals)`` is called with the decisions of the
+    shadow rules that would have refused a request (see the module notes).
     """
 
-    __slots__ = ("_entries", "_plain", "_plain_cost", "asyncio", "owns_store", "rules", "store")
+    __slots__ = (
+        "_entries",
+        "_memory",
+        "_plain",
+        "_plain_cost",
+        "_plans",
+        "_specs",
+        "_submits",
+        "_table",
+        "asyncio",
+        "on_shadow",
+        "owns_store",
+        "rules",
+        "shadow",
+        "store",
+    )
 
     def __init__(
         self,
@@ -78,6 +135,8 @@ class RuleSet:
         asyncio: bool = True,
         instances: int | None = None,
         retry_store_after: float = 1.0,
+        shadow: bool = False,
+        on_shadow: OnShadow | None = None,
     ) -> None:
         rules = list(rules)
         if any(not isinstance(rule, Rule) for rule in rules):
@@ -85,8 +144,12 @@ class RuleSet:
         names = [rule.name for rule in rules]
         if len(set(names)) != len(names):
             raise ConfigError("rules", f"rule names must be unique (pass name=...): {names}")
+        if on_shadow is not None and not callable(on_shadow):
+            raise ConfigError("on_shadow", f"must be callable, got {on_shadow!r}")
         self.rules = tuple(rules)
         self.asyncio = asyncio
+        self.shadow = bool(shadow)
+        self.on_shadow = on_shadow
         self.store = open_store(store, asyncio=asyncio)
         self.owns_store = isinstance(store, str)
         address = ClientAddress.of(trusted_proxies)
@@ -106,14 +169,31 @@ class RuleSet:
             )
             for rule in rules
         ]
-        # Several rules for every request (no method or path filter, one cost) on a
-        # MemoryStore: decided straight through the store's hit_many (see decide).
+        self._memory = type(self.store) is MemoryStore
+        # Per rule: (limiter, key function, cost, shadow, sync seconds or None).
+        self._specs = [
+            (limiter, key_of, rule.cost, self.shadow or rule.shadow, rule.sync)
+            for rule, key_of, limiter in self._entries
+        ]
+        approximate = any(rule.sync is not None for rule in rules)
+        # Redis: a store whose decisions can be submitted (AsyncRedisStore).
+        self._submits = asyncio and callable(getattr(self.store, "submit", None))
+        self._table = (
+            lease_table(self.store, instances or int(getattr(self.store, "instances", 1)))
+            if approximate and self._submits
+            else None
+        )
+        self._plans: dict[tuple[str | None, ...], Plan] = {}
+        # Several rules for every request (no method or path filter, one cost, no
+        # shadow rule) on a MemoryStore: decided straight through the store's
+        # hit_many (see decide).
         self._plain: list[tuple[Any, str, KeyFunc]] | None = None
         if (
             len(rules) > 1
-            and type(self.store) is MemoryStore
+            and self._memory
             and all(rule.methods is None and rule.paths is None for rule in rules)
             and len({rule.cost for rule in rules}) == 1
+            and not any(spec[3] for spec in self._specs)
         ):
             self._plain = [(rule.algorithm, rule.name, key_of) for rule, key_of, _ in self._entries]
             self._plain_cost = check_cost(rules[0].cost)
@@ -128,19 +208,86 @@ class RuleSet:
         """Whether a rule denies while the store is down (``on_store_error="closed"``)."""
         return any(limiter.on_store_error == "closed" for _, _, limiter in self._entries)
 
-    def _groups(self, view: RequestView, method: str, path: str) -> dict[float, list[Any]]:
+    @property
+    def in_memory(self) -> bool:
+        """Whether the store is a MemoryStore: :meth:`decide` then serves async limiters too."""
+        return self._memory
+
+    def _groups(
+        self, view: RequestView, method: str, path: str, shadow: bool = False
+    ) -> dict[float, list[Any]]:
         groups: dict[float, list[Any]] = {}
-        for rule, key_of, limiter in self._entries:
-            if not rule.matches(method, path):
+        for (rule, key_of, limiter), spec in zip(self._entries, self._specs):
+            if spec[3] is not shadow or not rule.matches(method, path):
                 continue
             key = key_of(view)
             if key is not None:
                 groups.setdefault(rule.cost, []).append((limiter, key))
         return groups
 
+    # -- submit: no coroutine, no task ---------------------------------------------
+
+    def submit(
+        self, view: RequestView, method: str, path: str, *, quiet: bool = False
+    ) -> Pending[Decision | None]:
+        """:meth:`adecide` without a coroutine: a :class:`~stormguard.stores._pending.Pending`
+        (``add_done_callback``, ``result``, awaitable) resolved from the store's
+        callbacks -- at once on a MemoryStore, when the reply of the batch it joined
+        is in on Redis. With ``quiet``, an admitted request that took no lease
+        answers None (nothing built). Call it on the event loop."""
+        if not self._submits:
+            if self._memory or not self.asyncio:
+                return done(_quieted(self.decide(view, method, path), quiet))
+            return _in_task(self._adecide(view, method, path), quiet)
+        keys = tuple(
+            key_of(view) if rule.matches(method, path) else None
+            for rule, key_of, _ in self._entries
+        )
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plan(keys)
+            if plan is None:
+                return NOTHING
+        hook = self.on_shadow
+        on_shadow = None if hook is None else (lambda refused: hook(view, refused))
+        return plan.submit(quiet, on_shadow)
+
+    def _plan(self, keys: tuple[str | None, ...]) -> Plan | None:
+        entries: list[Entry] = [
+            (limiter, key, cost, shadow, sync)
+            for (limiter, _, cost, shadow, sync), key in zip(self._specs, keys)
+            if key is not None
+        ]
+        if not entries:
+            return None
+        leases = any(type(e[0].algorithm) is Concurrency for e in entries)
+        if len({(e[0].name, e[1]) for e in entries}) < len(entries):
+            raise ConfigError("items", "the same (limiter name, key) appears twice")
+        plan = Plan(self.store, entries, leases, self._table)
+        plans = self._plans
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[keys] = plan
+        return plan
+
     async def adecide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Decide every matching rule (None: no rule applies)."""
-        groups = self._groups(view, method, path)
+        if self._submits:
+            return await self.submit(view, method, path)
+        return await self._adecide(view, method, path)
+
+    async def _adecide(self, view: RequestView, method: str, path: str) -> Decision | None:
+        # Any other async store: the limiters' hit_many, group by group.
+        decision = await self._adecide_groups(self._groups(view, method, path))
+        if decision is not None and not decision.allowed:
+            return decision
+        shadow = self._groups(view, method, path, shadow=True)
+        if not shadow:
+            return decision
+        return self._shadowed(view, decision, await self._adecide_groups(shadow))
+
+    @staticmethod
+    async def _adecide_groups(groups: dict[float, list[Any]]) -> Decision | None:
         if len(groups) == 1:
             ((cost, items),) = groups.items()
             if len(items) == 1:  # one limit: the limiter's own fast path
@@ -157,10 +304,18 @@ class RuleSet:
                 break
         return decisions[0] if len(decisions) == 1 else _flat(decisions)
 
-    @property
-    def in_memory(self) -> bool:
-        """Whether the store is a MemoryStore: :meth:`decide` then serves async limiters too."""
-        return type(self.store) is MemoryStore
+    def _shadowed(
+        self, view: RequestView, decision: Decision | None, shadow: Decision | None
+    ) -> Decision | None:
+        # The enforced `decision`, told what the shadow rules (`shadow`) refused.
+        if shadow is None or shadow.allowed:
+            return decision
+        refused = tuple(part for part in (shadow.parts or (shadow,)) if not part.allowed)
+        if self.on_shadow is not None:
+            self.on_shadow(view, refused)
+        return shadowed(decision, refused) if decision is not None else None
+
+    # -- the sync path (and every MemoryStore call) ---------------------------------
 
     def refusal(self, view: RequestView, method: str, path: str) -> Decision | None:
         """:meth:`decide` for a caller that only acts on a refusal: the decision when
@@ -212,19 +367,58 @@ class RuleSet:
                 limits.append((algorithm, name, key))
             else:
                 return combined(self.store.hit_many(limits, self._plain_cost))
-        groups = self._groups(view, method, path)
-        if len(groups) == 1:
-            ((cost, items),) = groups.items()
-            return RateLimiter.hit_many(items, cost)
-        if not groups:
-            return None
-        decisions = []
-        for cost, items in groups.items():
-            decision = RateLimiter.hit_many(items, cost)
-            decisions.append(decision)
-            if not decision.allowed:
-                break
-        return decisions[0] if len(decisions) == 1 else _flat(decisions)
+        decision = _decide_groups(self._groups(view, method, path))
+        if decision is not None and not decision.allowed:
+            return decision
+        shadow = self._groups(view, method, path, shadow=True)
+        if not shadow:
+            return decision
+        return self._shadowed(view, decision, _decide_groups(shadow))
+
+
+def _decide_groups(groups: dict[float, list[Any]]) -> Decision | None:
+    if len(groups) == 1:
+        ((cost, items),) = groups.items()
+        return RateLimiter.hit_many(items, cost)
+    if not groups:
+        return None
+    decisions = []
+    for cost, items in groups.items():
+        decision = RateLimiter.hit_many(items, cost)
+        decisions.append(decision)
+        if not decision.allowed:
+            break
+    return decisions[0] if len(decisions) == 1 else _flat(decisions)
+
+
+def _quieted(decision: Decision | None, quiet: bool) -> Decision | None:
+    if quiet and decision is not None and decision.allowed and not decision.lease:
+        return None
+    return decision
+
+
+_TASKS: set[Any] = set()
+
+
+def _in_task(coroutine: Any, quiet: bool) -> Pending[Decision | None]:
+    # A store that can only be awaited: the coroutine in a task, its answer copied.
+    import asyncio
+
+    pending: Pending[Decision | None] = Pending()
+
+    def finished(task: Any) -> None:
+        if task.cancelled():
+            pending.set_exception(asyncio.CancelledError())
+        elif task.exception() is not None:
+            pending.set_exception(task.exception())
+        else:
+            pending.set_result(_quieted(task.result(), quiet))
+
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    task.add_done_callback(finished)
+    return pending
 
 
 def _refused(decision: Decision | None) -> Decision | None:

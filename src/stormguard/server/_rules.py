@@ -39,6 +39,8 @@ __all__ = [
     "parse_limit",
 ]
 
+# Algorithms a `sync` (approximate) rule may use: those with one-string state.
+_APPROXIMATE = ("fixed_window", "gcra", "sliding_window_counter", "token_bucket")
 _UNITS = {
     "s": 1.0,
     "sec": 1.0,
@@ -260,6 +262,15 @@ class Rule:
     (None: the rule does not apply). ``paths`` are path prefixes and ``methods``
     HTTP methods (None: all). ``cost`` is what one request takes. ``name`` names the
     policy in headers and store keys (default: derived from key and limit).
+
+    ``shadow=True`` decides and counts the rule but never refuses with it (a
+    refusal it would have made is reported as ``shadow:<name>``). ``sync=S``
+    (seconds) makes a shared limit approximate on Redis: each process admits from
+    units it reserved in Redis and gives back what it did not use after ``S``
+    seconds. The bound: a fixed or sliding window still admits at most ``limit``
+    per window; a token bucket or GCRA admits at most ``burst + rate * (T + S)``
+    in any ``T`` seconds (over-admission at most ``rate * S``, and at most
+    ``instances * lease`` with ``lease <= limit / (4 * instances)``).
     """
 
     algorithm: Algorithm
@@ -269,6 +280,8 @@ class Rule:
     cost: float
     name: str
     limit: str | Algorithm = field(repr=False)
+    shadow: bool = False
+    sync: float | None = None
 
     def __init__(
         self,
@@ -279,10 +292,23 @@ class Rule:
         methods: str | Sequence[str] | None = None,
         cost: float = 1,
         name: str | None = None,
+        shadow: bool = False,
+        sync: float | None = None,
     ) -> None:
         algorithm = parse_limit(limit)
         if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < 1e18:
             raise ConfigError("cost", f"must be a number >= 0, got {cost!r}")
+        if not isinstance(shadow, bool):
+            raise ConfigError("shadow", f"must be True or False, got {shadow!r}")
+        if sync is not None:
+            if isinstance(sync, bool) or not isinstance(sync, int | float) or not 0 < sync < 1e6:
+                raise ConfigError("sync", f"must be a number of seconds > 0, got {sync!r}")
+            if algorithm.kind not in _APPROXIMATE:
+                raise ConfigError(
+                    "sync",
+                    f"approximate mode takes {', '.join(sorted(_APPROXIMATE))}, "
+                    f"not {algorithm.kind}",
+                )
         compile_key(key)  # validates the spec
         if name is None:
             label = _key_label(key)
@@ -295,6 +321,8 @@ class Rule:
         setter(self, "methods", _upper(methods))
         setter(self, "cost", float(cost))
         setter(self, "name", name)
+        setter(self, "shadow", shadow)
+        setter(self, "sync", None if sync is None else float(sync))
 
     def matches(self, method: str, path: str) -> bool:
         """Whether the rule covers a request with ``method`` and ``path``."""

@@ -16,7 +16,15 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncRedisStore", "MemoryStore", "RedisStore", "from_url"]
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+_REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -41,8 +49,10 @@ def from_url(
     url: str, *, asyncio: bool = False, **kwargs: Any
 ) -> MemoryStore | RedisStore | AsyncRedisStore:
     """A store for ``url``: ``memory://``, ``redis://``, ``rediss://``, ``unix://``,
-    or ``redis+cluster://host:port`` / ``rediss+cluster://host:port`` for a Redis
-    Cluster (any one node; the client discovers the others).
+    ``redis+cluster://host:port`` / ``rediss+cluster://host:port`` for a Redis
+    Cluster (any one node; the client discovers the others), or
+    ``redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]`` for the master
+    a set of Redis Sentinels names (it follows failovers; see docs/stores/sentinel.md).
 
     ``asyncio=True`` returns an :class:`AsyncRedisStore` for Redis URLs. Keyword
     arguments go to the store (``max_keys`` for memory; ``prefix``, timeouts and

@@ -50,7 +50,8 @@ from .._errors import ConfigError, StoreError
 from .._extras import require
 from .._scope import AsyncScope, Scope
 from ..core._limiters import Algorithm, Decision, LimitRequest
-from . import _lua, _scripts
+from . import _lua, _pipeline, _resp, _scripts
+from ._sentinel import SENTINEL_SCHEMES, master_client
 
 if TYPE_CHECKING:
     import redis
@@ -100,6 +101,19 @@ def _cluster_url(url: str) -> str | None:
     if sep and scheme.lower() in ("redis+cluster", "rediss+cluster"):
         return f"{scheme.lower().partition('+')[0]}://{rest}"
     return None
+
+
+def _without_password(url: str) -> str:
+    # The URL with its userinfo replaced by *** (several hosts, as Sentinel has, too).
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc or not urlsplit(f"x://{netloc}/").password:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+
+
+def _is_sentinel(url: str) -> bool:
+    return url.partition("://")[0].lower() in SENTINEL_SCHEMES
 
 
 def _is_cluster_client(client: object) -> bool:
@@ -178,11 +192,7 @@ class _RedisBase:
 
     def __repr__(self) -> str:
         # Shown in outage log lines: never print a password from the URL.
-        parts = urlsplit(self.url)
-        url = self.url
-        if parts.password:
-            url = parts._replace(netloc=f"***@{parts.hostname}:{parts.port or 6379}").geturl()
-        return f"{type(self).__name__}({url!r}, prefix={self.prefix!r})"
+        return f"{type(self).__name__}({_without_password(self.url)!r}, prefix={self.prefix!r})"
 
 
 class RedisStore(_RedisBase, Scope):
@@ -190,8 +200,10 @@ class RedisStore(_RedisBase, Scope):
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, a
     ``redis+cluster://host:port`` (``rediss+cluster://``) URL naming one node of a
-    Redis Cluster, or a ready ``redis.Redis`` / ``redis.cluster.RedisCluster``
-    client (which ``close()`` leaves open). ``socket_timeout`` and
+    Redis Cluster, a ``redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]``
+    URL (the master the sentinels name, followed across failovers), or a ready
+    ``redis.Redis`` / ``redis.cluster.RedisCluster`` client (which ``close()``
+    leaves open). ``socket_timeout`` and
     ``connect_timeout`` bound every call (seconds); redis-py's own retries are off.
     Extra keyword arguments go to ``from_url`` of the redis-py client. Every redis
     error surfaces as :class:`stormguard.StoreError`. Scripts run on one connection
@@ -202,7 +214,7 @@ class RedisStore(_RedisBase, Scope):
     takes one round trip per slot, still all or nothing and never over-admitting.
     """
 
-    __slots__ = ("_client", "_conns", "_conns_lock", "_factory", "_local", "_params")
+    __slots__ = ("_client", "_conns", "_conns_lock", "_factory", "_local", "_pooled")
 
     def __init__(
         self,
@@ -216,6 +228,7 @@ class RedisStore(_RedisBase, Scope):
     ) -> None:
         self._client: Any = None
         self._factory: Callable[[], Any] | None = None
+        self._pooled = False  # scripts through the client's pool (Sentinel follows failovers)
         if not isinstance(url, str):
             self._client, cluster, owned, text = url, _is_cluster_client(url), False, repr(url)
         else:
@@ -223,7 +236,10 @@ class RedisStore(_RedisBase, Scope):
             node_url, owned, text = _cluster_url(url), True, url
             cluster = node_url is not None
             try:
-                if node_url is not None:
+                if _is_sentinel(url):
+                    self._client = master_client(url, kwargs, asyncio=False)
+                    self._pooled = True
+                elif node_url is not None:
                     # The sync cluster client connects when built: build it on first use,
                     # so a store made during an outage follows on_store_error.
                     require("redis.connection", "redis").parse_url(node_url)
@@ -234,7 +250,6 @@ class RedisStore(_RedisBase, Scope):
             except ValueError as exc:
                 raise ConfigError("url", str(exc)) from exc
         super().__init__(text, prefix, instances, cluster, owned)
-        self._params: dict[Algorithm, tuple[str, str, str]] = {}
         self._local = threading.local()
         self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
         self._conns_lock = threading.Lock()
@@ -265,10 +280,10 @@ class RedisStore(_RedisBase, Scope):
                 self._conns.add(conn)
         return conn
 
-    def run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def run_script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
         source, sha = load_script(name)
-        if self.cluster:
+        if self.cluster or self._pooled:
             return _run_on_client(self.client, source, sha, keys, args)
         conn = self._connection()
         try:
@@ -306,14 +321,8 @@ class RedisStore(_RedisBase, Scope):
         self, algorithm: Algorithm, name: str, key: str, cost: float, lease: str = ""
     ) -> Decision:
         """Decide one limit (the hot path of ``RateLimiter.hit``): one EVALSHA."""
-        params = self._params.get(algorithm)
-        if params is None:
-            first, second = algorithm.params()
-            params = self._params[algorithm] = (algorithm.kind, repr(first), repr(second))
-        skey = f"{self.prefix}{{{key}}}:{name}"  # as _lua._keys
-        reply = self.run_script(
-            _lua.LIMIT_SCRIPT, (skey, skey + ":aux"), ("hit", 1, 1, *params, repr(cost), lease)
-        )
+        encoded = _lua.piece(self, algorithm, name, key, cost, lease)
+        reply = self.run_script(_lua.LIMIT_SCRIPT, encoded.keys, (b"b", b"4", *encoded.args))
         retry = reply[5]
         return _new(
             Decision,
@@ -325,7 +334,7 @@ class RedisStore(_RedisBase, Scope):
                 math.inf if retry < 0 else retry / 1e6,
                 name,
                 algorithm.window,
-                (lease or None) if reply[1] == 1 and cost > 0 else None,
+                (lease or None) if reply[1] == _lua.COMMITTED and cost > 0 else None,
                 (),
             ),
         )
@@ -361,14 +370,28 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
     """Shared state in Redis for asyncio callers; same contract as :class:`RedisStore`.
 
     ``url`` may also be a ``redis.asyncio.Redis`` or
-    ``redis.asyncio.cluster.RedisCluster`` client. Limiter hits issued in the same
-    event-loop tick are sent as one EVALSHA of up to ``max_batch`` requests (each
-    still decided all or nothing; on a cluster, one EVALSHA per slot);
-    ``max_batch=1`` sends every hit on its own (needed if a proxy splits keys
-    across cluster slots).
+    ``redis.asyncio.cluster.RedisCluster`` client. Limiter decisions are batched:
+    those that arrive in one event-loop pass while Redis is idle go out together at
+    the end of the pass, and those that arrive while a batch is in flight go out
+    together when its reply arrives, as one EVALSHA of up to ``max_batch`` requests
+    (each still decided all or nothing; on a cluster, one EVALSHA per slot).
+    ``max_batch=1`` sends every decision on its own. With a ``redis://`` or
+    ``unix://`` URL (and hiredis installed) the decisions travel on a connection of
+    the store's own, one per event loop; everything else uses the redis-py client.
+
+    ``socket_timeout`` bounds how long Redis may leave a sent batch unanswered
+    (measured from its last reply, so a busy Redis that keeps answering is not
+    "down"); ``connect_timeout`` bounds a connect.
     """
 
-    __slots__ = ("_pending", "_tasks", "client", "max_batch")
+    __slots__ = (
+        "_connect_timeout",
+        "_pipelines",
+        "_target",
+        "_timeout",
+        "client",
+        "max_batch",
+    )
 
     def __init__(
         self,
@@ -381,6 +404,7 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
         max_batch: int = 128,
         **redis_kwargs: Any,
     ) -> None:
+        self._target: _resp.Target | None = None
         if not isinstance(url, str):
             self.client: Any = url
             super().__init__(repr(url), prefix, instances, _is_cluster_client(url), False)
@@ -392,21 +416,30 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
             kwargs.update(redis_kwargs)
             node_url = _cluster_url(url)
             try:
-                if node_url is not None:
+                if _is_sentinel(url):
+                    self.client = master_client(url, kwargs, asyncio=True)
+                elif node_url is not None:
                     cluster_cls = require("redis.asyncio.cluster", "redis").RedisCluster
                     self.client = cluster_cls.from_url(node_url, **kwargs)
                 else:
                     self.client = require("redis.asyncio", "redis").Redis.from_url(url, **kwargs)
+                    self._target = _own_target(url, redis_kwargs)
             except ValueError as exc:
                 raise ConfigError("url", str(exc)) from exc
             super().__init__(url, prefix, instances, node_url is not None, True)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError("max_batch", f"must be an integer >= 1, got {max_batch!r}")
         self.max_batch = max_batch
-        self._pending: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._timeout = float(socket_timeout)
+        self._connect_timeout = float(connect_timeout)
+        self._pipelines: dict[asyncio.AbstractEventLoop, Any] = {}
 
-    async def run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    @property
+    def own_connection(self) -> bool:
+        """Whether limiter decisions travel on the store's own connection."""
+        return self._target is not None
+
+    async def run_script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run ``lua/<name>.lua`` in one round trip (EVALSHA, EVAL on NOSCRIPT)."""
         source, sha = load_script(name)
         try:
@@ -423,12 +456,49 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
         except Exception as exc:
             raise _store_error(exc) from exc
 
+    def pipeline(self, loop: asyncio.AbstractEventLoop) -> Any:
+        """The batching of limiter calls on ``loop`` (stores/_pipeline.py)."""
+        pipelines = self._pipelines
+        found = pipelines.get(loop)
+        if found is None:
+            for old in [other for other in pipelines if other.is_closed()]:
+                del pipelines[old]
+            if self._target is not None:
+                found = _pipeline.OwnPipeline(
+                    loop,
+                    self._target,
+                    load_script(_lua.LIMIT_SCRIPT),
+                    max_batch=self.max_batch,
+                    timeout=self._timeout,
+                    connect_timeout=self._connect_timeout,
+                )
+            else:
+                slot_of = self._slot_of_key if self.cluster else None
+                found = _pipeline.ClientPipeline(
+                    loop, self._run_limit, slot_of, max_batch=self.max_batch
+                )
+            pipelines[loop] = found
+        return found
+
+    def submit(self, item: _lua.Item, callback: Any) -> None:
+        """Decide an encoded request (:func:`stores._lua.item_of`) in a coming batch:
+        ``callback(results, stamp)``, or ``callback(None, StoreError)``, runs from
+        the store's callbacks when its reply is in. Call it on the running loop."""
+        self.pipeline(asyncio.get_running_loop()).submit(item, callback)
+
+    async def _run_limit(self, keys: list[bytes], args: list[bytes]) -> Any:
+        return await self.run_script(_lua.LIMIT_SCRIPT, keys, args)
+
+    def _slot_of_key(self, key: str) -> int:
+        key_slot: Callable[[bytes], int] = require("redis.crc", "redis").key_slot
+        return key_slot(self.key(key).encode())
+
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """Decide several limits at once, all or nothing, in (at most) one round trip.
 
-        Calls made in the same event-loop tick are sent together as one EVALSHA (on
-        a cluster: one per slot, and one round trip per slot for a group whose keys
-        span slots).
+        Calls made together share a batch (see the class notes; on a cluster one
+        EVALSHA per slot, and one round trip per slot for a group whose keys span
+        slots).
         """
         machine = self._split(requests)
         if machine is not None:
@@ -441,48 +511,17 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
                 return decisions
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Decision]] = loop.create_future()
-        pending = self._pending.get(loop)
-        if pending is None:
-            pending = self._pending[loop] = []
-            loop.call_soon(self._flush, loop)
-        pending.append((requests, future))
+
+        def answered(results: Any, stamp: Any) -> None:
+            if future.done():
+                return
+            if results is None:
+                future.set_exception(stamp)
+            else:
+                future.set_result(results[0][1])
+
+        self.pipeline(loop).submit(_lua.request_item(self, requests), answered)
         return await future
-
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch = self._pending.pop(loop, [])
-        buckets = [batch]
-        if self.cluster:  # one script call per slot (each group here is in one slot)
-            by_slot: dict[int, list[Any]] = {}
-            for item in batch:
-                by_slot.setdefault(self._slot(item[0][0]), []).append(item)
-            buckets = list(by_slot.values())
-        for bucket in buckets:
-            for start in range(0, len(bucket), self.max_batch):
-                task = loop.create_task(self._send(bucket[start : start + self.max_batch]))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-    async def _send(
-        self, batch: list[tuple[Sequence[LimitRequest], asyncio.Future[list[Decision]]]]
-    ) -> None:
-        groups = [requests for requests, _ in batch]
-        try:
-            keys, args = _lua.encode_batch(self, groups)
-            results = _lua.decode_batch(
-                groups, await self.run_script(_lua.LIMIT_SCRIPT, keys, args)
-            )
-        except BaseException as exc:
-            for _, future in batch:
-                if not future.done():
-                    error = StoreError(str(exc)) if isinstance(exc, Exception) else exc
-                    error.__cause__ = exc
-                    future.set_exception(error)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, future), decisions in zip(batch, results):
-            if not future.done():
-                future.set_result(decisions)
 
     async def arelease(self, request: LimitRequest) -> None:
         """Give back a concurrency lease (no-op when it has expired already)."""
@@ -495,7 +534,10 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
         return int(await self.run_script(_lua.LIMIT_SCRIPT, keys, args)) == 1
 
     async def aclose(self) -> None:
-        """Close the connection pool (if the store made the client)."""
+        """Close the store's own connections, and the client's pool if it made it."""
+        pipelines, self._pipelines = self._pipelines, {}
+        for pipeline in pipelines.values():
+            pipeline.close()
         if not self._owned:
             return
         try:
@@ -505,3 +547,23 @@ class AsyncRedisStore(_RedisBase, AsyncScope):
 
     async def _aexit(self, exc: BaseException | None) -> None:
         await self.aclose()
+
+
+# redis-py options that the store's own connection cannot honour: with any of them,
+# decisions go through the redis-py client instead.
+_OWN_OPTIONS = frozenset(
+    {"socket_timeout", "socket_connect_timeout", "retry", "health_check_interval"}
+)
+
+
+def _own_target(url: str, redis_kwargs: dict[str, Any]) -> _resp.Target | None:
+    # The store's own connection serves plain redis:// and unix:// URLs whose query
+    # asks for nothing it does not do, with hiredis installed.
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("redis", "unix") or "?" in url or set(redis_kwargs) - _OWN_OPTIONS:
+        return None
+    try:
+        require("hiredis", "redis")
+    except Exception:
+        return None
+    return _resp.Target(url)

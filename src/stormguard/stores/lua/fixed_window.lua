@@ -1,18 +1,18 @@
 -- Fixed window: string "<window index>:<count>"; p1 = limit, p2 = window.
-ALG.fixed_window = function(key, aux, limit, window, now, cost, lease, write)
-  local index, stored, counts = read_window(key, window, now)
+STEP.fixed_window = function(state, limit, window, now, cost, want)
+  local index, stored = current_window(state, window, now)
   local count = 0
-  if stored == index then count = counts[1] end
+  if stored == index then count = state[2] end
   local reset = wait((index + 1) * window, now)
-  if cost > limit then return false, limit - count, reset, INF end
-  if count + cost > limit + EPS then return false, limit - count, reset, reset end
-  count = count + cost
-  if count == 0 then return true, limit, 0, 0 end
-  if write and cost > 0 then
-    redis.call('SET', key, index .. ':' .. count, 'PX', px(reset))
-  end
-  return true, limit - count, reset, 0
+  if cost > limit then return false, nil, limit - count, reset, INF, 0 end
+  if count + cost > limit + EPS then return false, nil, limit - count, reset, reset, 0 end
+  local granted = grant(cost, want, limit - count)
+  count = count + granted
+  if count == 0 then return true, nil, limit, 0, 0, 0 end
+  return true, {index, count}, limit - count, reset, 0, granted
 end
+PARSE.fixed_window = parse_fields
+RENDER.fixed_window = function(state) return state[1] .. ':' .. state[2] end
 
 -- Give back only while the window the hit was counted in is the stored one.
 REFUND.fixed_window = function(key, aux, limit, window, cost, lease, taken, now)

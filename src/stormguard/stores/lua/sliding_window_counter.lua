@@ -6,18 +6,18 @@ local function swc_reset(window, prev, curr, elapsed)
   return 0
 end
 
-ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease, write)
-  local index, stored, counts = read_window(key, window, now)
+STEP.sliding_window_counter = function(state, limit, window, now, cost, want)
+  local index, stored = current_window(state, window, now)
   local prev, curr = 0, 0
   if stored == index then
-    prev, curr = counts[1], counts[2]
+    prev, curr = state[2], state[3]
   elseif stored == index - 1 then
-    prev = counts[2]
+    prev = state[3]
   end
   local elapsed = math.min(window, math.max(0, now - index * window))
   local used = prev * (1 - elapsed / window) + curr
   if cost > limit then
-    return false, limit - used, swc_reset(window, prev, curr, elapsed), INF
+    return false, nil, limit - used, swc_reset(window, prev, curr, elapsed), INF, 0
   end
   if used + cost > limit + EPS then
     local room = limit - curr - cost
@@ -29,14 +29,16 @@ ALG.sliding_window_counter = function(key, aux, limit, window, now, cost, lease,
       if curr > limit - cost then later = window * (1 - (limit - cost) / curr) end
       retry = (window - elapsed) + later
     end
-    return false, limit - used, swc_reset(window, prev, curr, elapsed), math.max(0, retry)
+    return false, nil, limit - used, swc_reset(window, prev, curr, elapsed), math.max(0, retry), 0
   end
-  curr = curr + cost
-  local reset = swc_reset(window, prev, curr, elapsed)
-  if write and cost > 0 then
-    redis.call('SET', key, index .. ':' .. prev .. ':' .. curr, 'PX', px(reset))
-  end
-  return true, limit - used - cost, reset, 0
+  local granted = grant(cost, want, limit - used)
+  curr = curr + granted
+  return true, {index, prev, curr}, limit - used - granted, swc_reset(window, prev, curr, elapsed),
+    0, granted
+end
+PARSE.sliding_window_counter = parse_fields
+RENDER.sliding_window_counter = function(state)
+  return state[1] .. ':' .. state[2] .. ':' .. state[3]
 end
 
 -- The hit counts in its own window's `current`, or in `previous` once the stored

@@ -2,24 +2,21 @@
 -- is full at `tat`, and holds burst - (tat - now) * rate tokens at `now`. This is
 -- the same meter as GCRA (see gcra.lua), so both admit exactly the same hits.
 -- p1 = rate, p2 = burst.
-local function tat_meter(key, rate, burst, now, cost, write)
-  local tat = tonumber(redis.call('GET', key))
+local function tat_step(tat, rate, burst, now, cost, want)
   if tat == nil or tat < now then tat = now end
   local tau = burst / rate
   local remaining = (tau - (tat - now)) * rate
-  if cost > burst then return false, remaining, tat - now, INF end
-  local new_tat = tat + cost / rate
-  local allow_at = new_tat - tau
-  if allow_at > now + EPS then return false, remaining, tat - now, allow_at - now end
-  if write and cost > 0 then
-    redis.call('SET', key, new_tat, 'PX', px(new_tat - now))
-  end
-  return true, (tau - (new_tat - now)) * rate, new_tat - now, 0
+  if cost > burst then return false, nil, remaining, tat - now, INF, 0 end
+  local allow_at = tat + cost / rate - tau
+  if allow_at > now + EPS then return false, nil, remaining, tat - now, allow_at - now, 0 end
+  local granted = grant(cost, want, remaining)
+  local new_tat = tat + granted / rate
+  return true, new_tat, (tau - (new_tat - now)) * rate, new_tat - now, 0, granted
 end
 
-ALG.token_bucket = function(key, aux, rate, burst, now, cost, lease, write)
-  return tat_meter(key, rate, burst, now, cost, write)
-end
+STEP.token_bucket = tat_step
+PARSE.token_bucket = tonumber
+RENDER.token_bucket = function(tat) return tat end
 
 -- A hit's cost / rate stays in the meter until the meter drains past it (taken +
 -- cost / rate); after that a full bucket may have absorbed it, so give back only
