@@ -16,8 +16,10 @@
 # accepted, so the backend sees about k * accepts attempts instead of the whole
 # storm; the locally refused attempts still count as requests, which is what
 # keeps p up while the backend stays overloaded. k = 2 (the book's value) lets
-# through twice what is accepted: a recovering backend is noticed within the
-# window. Smaller k throttles harder.
+# through twice what is accepted, so a recovering backend is noticed at once, and
+# the traffic sent to it can grow k-fold each time the window turns over (after a
+# deep throttle, recovery to full traffic takes several windows). Smaller k
+# throttles harder.
 #
 # The window is a RingWindow (a = requests, b = accepts): O(1) per call. A
 # refusal learnt after an accept was counted for the same attempt (a 429 seen
