@@ -24,6 +24,7 @@ BENCHMARKS = {
     "gateway-grpc": "bench.bench_gateway_grpc",
     "http": "bench.bench_http",
     "http-counts": "bench.bench_http_counts",
+    "overload": "bench.bench_overload",
 }
 
 

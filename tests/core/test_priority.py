@@ -14,6 +14,7 @@ from stormguard.core._priority import (
     ClientUsage,
     ShedLine,
     rank_of,
+    usage_band,
 )
 
 
@@ -106,8 +107,8 @@ def test_line_admits_while_a_slot_is_free() -> None:
     assert line.arrive("c", rank_of(1), limit=2) == (QUEUED, None)
 
 
-def test_grants_go_best_rank_first_then_oldest() -> None:
-    """Freed slots go to waiters in shedding order, equal ranks first come first served."""
+def test_grants_go_best_rank_first_then_newest() -> None:
+    """Freed slots go to waiters in shedding order; among equal ranks the newest (LIFO)."""
     line = ShedLine(max_queue=10)
     line.arrive("holder", rank_of(1), limit=1)
     arrivals = [
@@ -124,7 +125,7 @@ def test_grants_go_best_rank_first_then_oldest() -> None:
     for _ in arrivals:
         line.leave()
         order += line.grant(limit=1)
-    assert order == ["critical", "first-1", "first-2", "heavy", "retry", "shed"]
+    assert order == ["critical", "first-2", "first-1", "heavy", "retry", "shed"]
 
 
 def test_full_line_evicts_the_lowest_for_a_better_newcomer() -> None:
@@ -135,9 +136,11 @@ def test_full_line_evicts_the_lowest_for_a_better_newcomer() -> None:
     line.arrive("first", rank_of(Priority.DEFAULT, 1), limit=1)
     assert line.arrive("critical", rank_of(Priority.CRITICAL), limit=1) == (EVICTED, "retry")
     assert line.arrive("shed", rank_of(Priority.SHEDDABLE), limit=1) == (REFUSED, None)
-    # an equal rank does not push out an older waiter (the newcomer is refused)
-    assert line.arrive("first-2", rank_of(Priority.DEFAULT, 1), limit=1) == (REFUSED, None)
+    # an equal rank pushes out the older waiter (the oldest is shed first)
+    assert line.arrive("first-2", rank_of(Priority.DEFAULT, 1), limit=1) == (EVICTED, "first")
     assert line.lowest() == rank_of(Priority.DEFAULT, 1)
+    line.leave()
+    assert line.grant(limit=1) == ["critical"]
 
 
 def test_no_line_refuses_at_once() -> None:
@@ -153,7 +156,7 @@ def test_a_risen_limit_admits_waiters() -> None:
     line.arrive("holder", rank_of(1), limit=1)
     for item in ("a", "b", "c"):
         line.arrive(item, rank_of(1), limit=1)
-    assert line.grant(limit=3) == ["a", "b"]
+    assert line.grant(limit=3) == ["c", "b"]
     assert line.in_flight == 3 and line.waiting == 1
 
 
@@ -163,14 +166,22 @@ def test_withdraw_takes_a_waiter_out() -> None:
     line.arrive("holder", rank_of(1), limit=1)
     line.arrive("a", rank_of(1), limit=1)
     line.arrive("b", rank_of(1), limit=1)
-    assert line.withdraw("a") is True
-    assert line.withdraw("a") is False
-    line.leave()
-    assert line.grant(limit=1) == ["b"]
+    assert line.withdraw("b") is True
     assert line.withdraw("b") is False
+    line.leave()
+    assert line.grant(limit=1) == ["a"]
+    assert line.withdraw("a") is False
 
 
 def test_leave_without_admission_is_an_error() -> None:
     """leave() more often than admissions raises instead of corrupting the count."""
     with pytest.raises(RuntimeError):
         ShedLine(max_queue=0).leave()
+
+
+def test_usage_ranks_by_half_octave_bands() -> None:
+    """One client's requests tie (their counts differ by a few); clients far apart do not."""
+    assert rank_of(Priority.DEFAULT, 1, usage=2000) == rank_of(Priority.DEFAULT, 1, usage=2030)
+    assert rank_of(Priority.DEFAULT, 1, usage=2000) < rank_of(Priority.DEFAULT, 1, usage=500)
+    assert [usage_band(u) for u in (0, 1, 3, 7, 1000)] == [0, 2, 4, 6, 19]
+    assert usage_band(-5) == 0

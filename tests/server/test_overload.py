@@ -263,6 +263,36 @@ async def test_adaptive_limit_learns_from_admitted_requests(clock: FakeClock) ->
     assert limit.status()["probing"] is False and limit.limit == 8
 
 
+async def test_a_client_that_leaves_teaches_nothing(clock: FakeClock) -> None:
+    """An admitted request whose client disconnects gives its slot back without a
+    latency sample or an outcome (a short client deadline is no overload signal)."""
+    limit = AdaptiveLimit(initial_limit=8, probe_samples=2, clock=clock)
+    admission = AdmissionControl(min_rps=0, clock=clock)
+    app = Held()
+    mw = OverloadMiddleware(app, limit=limit, admission=admission, clock=clock)
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    for _ in range(3):
+        gone = asyncio.Event()
+
+        async def receive(gone: asyncio.Event = gone) -> Any:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        scope = {"type": "http", "path": "/hold", "headers": [], "client": ("10.0.0.9", 1)}
+        task = asyncio.create_task(mw(scope, receive, send))
+        await until(lambda: mw.control.in_flight == 1)
+        clock.advance(0.3)
+        gone.set()
+        await task
+    assert mw.control.in_flight == 0 and sent == []
+    assert limit.status()["probing"] is True  # no sample reached the probe
+    assert admission.status()["requests"] == 0
+
+
 async def test_concurrency_middleware_adaptive() -> None:
     """adaptive=True: the limit starts at the probe's share and refuses past it."""
     app = Held()

@@ -9,15 +9,19 @@
 #     sample_rtt = the `percentile` of the interval's latencies
 #     gradient   = clamp((1 + tolerance) * min_rtt / sample_rtt, 0.5, 2.0)
 #     target     = limit * gradient + headroom * sqrt(limit)
-#     limit     <- clamp((1 - smoothing) * limit + smoothing * target, min_limit, max_limit)
+#     limit     <- target                                          if target < limit
+#                  (1 - smoothing) * limit + smoothing * target    otherwise
+#     limit     <- clamp(limit, min_limit, max_limit)
 #
 # Below the service's knee the latency is min_rtt, the gradient is 1 + tolerance
 # and the limit grows; past the knee requests queue inside the service, sample_rtt
 # grows with the limit, and the limit settles where the gradient balances the
-# headroom: at about (1 + tolerance) * knee + headroom * sqrt(limit), a little above
-# the concurrency the service can actually run (the few queued requests keep it
-# busy; `headroom` 0 stops at the knee itself). A latency step up (the service slowed, or its
-# capacity dropped) makes the gradient < 1 at once and the limit falls.
+# headroom: at about (1 + tolerance) * knee + headroom * sqrt(limit), a little
+# above the concurrency the service can actually run (the few queued requests keep
+# it busy; `headroom` 0 stops at the knee itself and cannot find a knee that
+# moved up). A latency step up (the service slowed, or its capacity dropped) makes
+# the gradient < 1 at once and the limit falls in the same interval: down without
+# smoothing (requests queue now), up smoothed (growth is a probe).
 #
 # Rules, in order, at the end of an interval:
 #   1. dropped requests (timed out, failed as overloaded) in the interval: the
@@ -97,7 +101,7 @@ class AdaptiveLimitCore:
         max_limit: int = 1000,
         initial_limit: int | None = None,
         tolerance: float = 0.1,
-        headroom: float = 1.0,
+        headroom: float = 0.5,
         smoothing: float = 0.2,
         interval: float = 0.1,
         min_samples: int = 10,
@@ -195,9 +199,8 @@ class AdaptiveLimitCore:
                 target = min(target, limit)  # app-limited: idle capacity proves nothing
         if self._drops:
             target = min(target, limit * self.backoff)
-        new = (1.0 - self.smoothing) * limit + self.smoothing * target
-        if self._drops:
-            new = min(new, limit * self.backoff)
+        # Down at once (requests are queueing now), up smoothed (growth is a probe).
+        new = target if target < limit else (1.0 - self.smoothing) * limit + self.smoothing * target
         self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
         self._samples = []
         self._drops = 0

@@ -4,15 +4,22 @@
 # trimmed to the three a service needs). Every request gets a rank; under overload
 # the lowest ranks are refused first:
 #
-#   rank = (class, first attempt?, -client usage)          compared left to right
+#   rank = (class, first attempt?, -usage band)             compared left to right
 #
 #   1. a lower class is refused before any request of a higher class;
 #   2. within a class, retries (attempt >= 2) before first attempts: a retry is
 #      load the overload itself made, and its caller has already waited once;
 #   3. then the heaviest clients first: usage is each client's recent request
 #      count, decayed with a half-life (ClientUsage), so one tenant flooding the
-#      service is shed before the light ones sharing its class.
-#   Equal ranks: the older request is admitted first, the newer refused first.
+#      service is shed before the light ones sharing its class. It ranks by band,
+#      floor(2 * log2(1 + usage)) (half an octave each): clients several times
+#      apart are ordered, while one client's own requests -- whose counts differ
+#      by the few requests between them -- tie and keep the LIFO order below.
+#   Equal ranks: the newest waiter is admitted first and the oldest pushed out
+#   first (LIFO, as Facebook's "adaptive LIFO"): under overload the request that
+#   has waited longest is the likeliest to miss its deadline or to have been given
+#   up by its caller, while the newest still has all its time; no wait lasts past
+#   the runtime's max_wait, so nobody starves for long.
 #
 # ShedLine is where the order acts. It holds the in-flight count and a line of
 # waiters sorted by (rank, age); the limit is passed to every call, so a fixed
@@ -21,7 +28,7 @@
 #   arrive:  a free slot and nobody waiting      -> ADMITTED (in flight + 1)
 #            else the line has room              -> QUEUED
 #            else the line's lowest ranks below  -> QUEUED; the lowest waiter is
-#            the newcomer                           EVICTED (refused now)
+#            the newcomer (or equal and older)      EVICTED (refused now)
 #            else                                -> REFUSED
 #   grant:   while a slot is free, the best waiter is admitted (after a leave, or
 #            when the limit rose)
@@ -49,6 +56,7 @@ __all__ = [
     "Rank",
     "ShedLine",
     "rank_of",
+    "usage_band",
 ]
 
 _ALIASES = {
@@ -107,12 +115,12 @@ class Rank(NamedTuple):
     """Where a request stands in the shedding order; a smaller rank is refused first.
 
     ``priority``: its class; ``first``: a first attempt (True) or a retry;
-    ``lightness``: minus its client's recent usage (lighter clients rank higher).
+    ``lightness``: minus its client's usage band (lighter clients rank higher).
     """
 
     priority: int
     first: bool
-    lightness: float
+    lightness: int
 
     @property
     def label(self) -> str:
@@ -120,10 +128,15 @@ class Rank(NamedTuple):
         return str(Priority(self.priority))
 
 
+def usage_band(usage: float) -> int:
+    """``floor(2 * log2(1 + usage))``: half-octave bands of a client's usage."""
+    return int(2.0 * math.log2(1.0 + max(0.0, usage)))
+
+
 def rank_of(priority: Priority | int, attempt: int = 1, usage: float = 0.0) -> Rank:
     """The rank of a request of class ``priority``, attempt number ``attempt`` (1 =
     first attempt), whose client made ``usage`` requests recently."""
-    return Rank(int(priority), attempt <= 1, -usage)
+    return Rank(int(priority), attempt <= 1, -usage_band(usage))
 
 
 class ClientUsage:
@@ -191,8 +204,8 @@ class ShedLine:
             raise ConfigError("max_queue", f"must be an integer >= 0, got {max_queue!r}")
         self.max_queue = max_queue
         self.in_flight = 0
-        # Sorted ascending by (rank, -sequence): the end is the best, oldest waiter
-        # (admitted next), the front the lowest, newest one (evicted next).
+        # Sorted ascending by (rank, sequence): the end is the best, newest waiter
+        # (admitted next), the front the lowest, oldest one (evicted next).
         self._line: list[tuple[Rank, int, int]] = []
         self._entries: dict[int, tuple[tuple[Rank, int, int], Any]] = {}
         self._sequence = 0
@@ -216,7 +229,7 @@ class ShedLine:
         if self.max_queue == 0:
             return REFUSED, None
         self._sequence += 1
-        key = (rank, -self._sequence, id(item))
+        key = (rank, self._sequence, id(item))
         if len(self._line) < self.max_queue:
             self._insert(key, item)
             return QUEUED, None

@@ -41,9 +41,9 @@ class AdaptiveLimit:
     median) of the latencies measured in it and ``min_rtt`` the latency unloaded::
 
         gradient = clamp((1 + tolerance) * min_rtt / sample_rtt, 0.5, 2.0)
-        limit    = clamp((1 - smoothing) * limit
-                         + smoothing * (limit * gradient + headroom * sqrt(limit)),
-                         min_limit, max_limit)
+        target   = limit * gradient + headroom * sqrt(limit)
+        limit    = target if target < limit else (1 - smoothing) * limit + smoothing * target
+        limit    = clamp(limit, min_limit, max_limit)
 
     The limit grows while latency stays at ``min_rtt`` and falls as soon as requests
     queue (latency rises); it does not grow while less than half of it is used, and
@@ -70,7 +70,7 @@ class AdaptiveLimit:
         max_limit: int = 1000,
         initial_limit: int | None = None,
         tolerance: float = 0.1,
-        headroom: float = 1.0,
+        headroom: float = 0.5,
         smoothing: float = 0.2,
         interval: float = 0.1,
         min_samples: int = 10,

@@ -77,7 +77,9 @@ async def run_admitted(
     *,
     cancel_on_disconnect: bool = True,
 ) -> None:
-    """Run ``app`` for an admitted request and tell ``control`` how it ended."""
+    """Run ``app`` for an admitted request and tell ``control`` how it ended: a 5xx or
+    an exception failed it, a 503 also says "overloaded" (dropped); a client that
+    left before the answer teaches nothing (its own deadline may have been short)."""
     status = 0
 
     async def sending(message: Message) -> None:
@@ -86,15 +88,18 @@ async def run_admitted(
             status = int(message["status"])
         await send(message)
 
-    failed = True
     try:
         if cancel_on_disconnect:
             await run_cancelling_on_disconnect(app, scope, receive, sending)
         else:
             await app(scope, receive, sending)
-        failed = status == 0 or status >= 500
-    finally:
-        control.leave(ticket, failed=failed, dropped=status in (0, 503))
+    except BaseException:
+        control.leave(ticket, failed=True, measured=False)
+        raise
+    if status == 0:
+        control.release(ticket)  # the client left before an answer
+    else:
+        control.leave(ticket, failed=status >= 500, dropped=status == 503)
 
 
 class ConcurrencyMiddleware:

@@ -19,8 +19,9 @@
 #               prefix -> class), its attempt (`grpc-previous-rpc-attempts` + 1,
 #               or the HTTP retry headers) and its client (`overload_key`) rank it;
 #               refused under overload -> UNAVAILABLE + pushback; the call's end
-#               (an error status or exception: failed; UNAVAILABLE, DEADLINE_EXCEEDED,
-#               RESOURCE_EXHAUSTED, CANCELLED: dropped) feeds the control.
+#               (an error status or exception: failed; UNAVAILABLE or
+#               RESOURCE_EXHAUSTED: dropped; CANCELLED or DEADLINE_EXCEEDED: the
+#               caller left, nothing learnt) feeds the control.
 # The refusal is decided where the peer is known (inside the call), so the
 # interceptor wraps each handler's behaviour; streaming calls hold their
 # concurrency slot until the response stream ends.
@@ -56,15 +57,10 @@ _REFUSE = {
     "unavailable": grpc.StatusCode.UNAVAILABLE,
     "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
-# Ends of a call that say "too much" to the overload control (no latency sample).
-_DROPPED = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.CANCELLED,
-    }
-)
+# Ends of a call that say "too much" to the overload control (no latency sample),
+# and ends that teach it nothing (the caller left, or its own deadline passed).
+_DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_GONE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED})
 _CANCELLED = (asyncio.CancelledError, GeneratorExit)
 _BY_STATUS = {
     409: grpc.StatusCode.ABORTED,
@@ -226,9 +222,11 @@ class _Interceptor:
         if view.ticket is not None and self._overload is not None:
             error = sys.exc_info()[1]
             code = context.code()
+            if code in _GONE or isinstance(error, _CANCELLED):
+                self._overload.release(view.ticket)  # the caller left: nothing learnt
+                return
             failed = error is not None or (code is not None and code != grpc.StatusCode.OK)
-            dropped = code in _DROPPED or isinstance(error, _CANCELLED)
-            self._overload.leave(view.ticket, failed=failed, dropped=dropped)
+            self._overload.leave(view.ticket, failed=failed, dropped=code in _DROPPED)
 
     def _overloaded(self, view: _CallView) -> Steps[Abort | None]:
         """The overload control's admission of a call: None (admitted), or an Abort."""

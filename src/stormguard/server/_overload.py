@@ -10,7 +10,9 @@
 #      rank higher -> 503 "shed:<class>"; the wait ran out, or nobody may wait ->
 #      503 "concurrency_limit". Every refusal carries Retry-After.
 #   3. leave(): the slot goes to the best waiter; the latency feeds the adaptive
-#      limit, the outcome the admission control.
+#      limit, the outcome the admission control. release(): a request that ended
+#      without an outcome (it never ran, or its client left) gives its slot back
+#      and teaches nothing -- a caller with a short deadline is no overload signal.
 #
 # Waiters are futures (asyncio callers) or events (threads, the sync gRPC server)
 # woken under the lock, as in protection/_bulkhead.py: the line decides who goes
@@ -29,7 +31,16 @@ from typing import Any, NamedTuple
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import ConfigError
 from ..core._checks import check_count, check_number
-from ..core._priority import ADMITTED, EVICTED, QUEUED, ClientUsage, Priority, Rank, ShedLine
+from ..core._priority import (
+    ADMITTED,
+    EVICTED,
+    QUEUED,
+    ClientUsage,
+    Priority,
+    Rank,
+    ShedLine,
+    rank_of,
+)
 from ..protection._adaptive import AdaptiveLimit
 from ..protection._admission_control import AdmissionControl
 from ._refusal import Refusal
@@ -175,7 +186,7 @@ class OverloadControl:
         if client is not None:
             with self._lock:
                 usage = self._usage.touch(client, self._monotonic())
-        return Rank(int(priority), attempt <= 1, -usage)
+        return rank_of(priority, attempt, usage)
 
     # -- entering ---------------------------------------------------------------
 
@@ -296,11 +307,14 @@ class OverloadControl:
         """Give back the slot of an admitted request that never ran (nothing is learnt)."""
         self._give_back()
 
-    def leave(self, ticket: Ticket, *, failed: bool = False, dropped: bool = False) -> None:
-        """An admitted request ended. ``failed``: the app or upstream failed it (5xx);
-        ``dropped``: it timed out, was cancelled or answered "overloaded" (the
-        adaptive limit learns "too much" from it, not a latency)."""
-        if self._adaptive is not None:
+    def leave(
+        self, ticket: Ticket, *, failed: bool = False, dropped: bool = False, measured: bool = True
+    ) -> None:
+        """An admitted request ended. ``failed``: the app or upstream failed it (5xx,
+        an error); ``dropped``: it answered "overloaded" or timed out upstream (the
+        adaptive limit learns "too much" from it, not a latency); ``measured=False``:
+        its latency means nothing (it raised)."""
+        if self._adaptive is not None and (measured or dropped):
             self._adaptive.record(
                 self._monotonic() - ticket.started, in_flight=self._line.in_flight, dropped=dropped
             )

@@ -5,11 +5,12 @@
 # ranks heavy clients lower) make its rank; OverloadControl admits, queues or
 # refuses it (503 + Retry-After). An admitted request runs with its slot held
 # until it ends -- cancelled when its client disconnects, as ConcurrencyMiddleware
-# does -- and its end tells the control how it went:
+# does -- and its end tells the control how it went (_concurrency.run_admitted):
 #   failed   the app answered 5xx or raised;
-#   dropped  the app answered 503 (it is overloaded itself), or the client left
-#            before the answer (it gave up waiting): the adaptive limit learns
-#            "too much" from it rather than a latency.
+#   dropped  the app answered 503 (it is overloaded itself): the adaptive limit
+#            learns "too much" from it rather than a latency;
+#   nothing  the client left before the answer: its own deadline may have been
+#            short, which says nothing about the app.
 # `status_path` / `metrics_path` (off by default) answer the control's state as
 # JSON and as Prometheus text, before any other processing.
 from __future__ import annotations
