@@ -197,7 +197,8 @@ def gateway_contender(config: str, slots: int = SLOTS, service: float = SERVICE)
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "gateway.yaml"
                 path.write_text(text)
-                cmd = [sys.executable, "-m", "stormguard", "gateway", "--config", str(path)]
+                command = Path(sys.executable).with_name("stormguard")
+                cmd = [str(command), "gateway", "--config", str(path)]
                 with _process(cmd, port):
                     yield f"http://127.0.0.1:{port}"
 
