@@ -43,8 +43,6 @@ import asyncio
 import math
 import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.bench_gateway import _free_port, _process
 
 SLOTS = 10
 SERVICE = 0.2
@@ -125,44 +125,6 @@ def serve(mode: str, port: int, slots: int, service: float, max_wait: float) -> 
 
 
 # -- contenders -------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def _process(cmd: list[str], port: int) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_port(port, proc)
-        yield
-    finally:
-        _stop(proc)
 
 
 def asgi_contender(

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
+from asgi_apps import respond
+
 Scope = dict[str, Any]
-
-
-async def respond(send: Any, status: int, payload: Any) -> None:
-    """A JSON response."""
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class Held:

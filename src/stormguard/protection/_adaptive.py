@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import math
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock, monotonic_of
 from ..core._adaptive import AdaptiveLimitCore
 from ..core._checks import check_count
 
@@ -103,10 +101,7 @@ class AdaptiveLimit:
             probe_ratio=probe_ratio,
             probe_samples=probe_samples,
         )
-        the_clock = clock or SYSTEM_CLOCK
-        self._monotonic: Callable[[], float] = (
-            time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
-        )
+        self._monotonic = monotonic_of(clock)
         self._lock = threading.Lock()
         self._in_flight = 0
         self.name = name

@@ -4,20 +4,16 @@
 from __future__ import annotations
 
 import random
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from ..core._admission_control import AdmissionControlCore
+from ._refusing import Refusing
 
 __all__ = ["AdmissionControl"]
 
-_RNG = random.Random()
 
-
-class AdmissionControl:
+class AdmissionControl(Refusing):
     """Refuse a fraction of requests that rises with the failure rate (Envoy's
     admission control) -- instead of a breaker's all or nothing.
 
@@ -33,7 +29,7 @@ class AdmissionControl:
     Thread-safe.
     """
 
-    __slots__ = ("_core", "_lock", "_monotonic", "_rng", "name", "refused")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -47,21 +43,14 @@ class AdmissionControl:
         clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self._core = AdmissionControlCore(
+        core = AdmissionControlCore(
             window=window,
             success_rate=success_rate,
             aggression=aggression,
             max_reject=max_reject,
             min_rps=min_rps,
         )
-        the_clock = clock or SYSTEM_CLOCK
-        self._monotonic: Callable[[], float] = (
-            time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
-        )
-        self._rng = rng or _RNG
-        self._lock = threading.Lock()
-        self.name = name
-        self.refused = 0
+        super().__init__(core, name=name, clock=clock, rng=rng)
 
     def __repr__(self) -> str:
         core = self._core
@@ -73,28 +62,22 @@ class AdmissionControl:
     @property
     def reject_probability(self) -> float:
         """The probability that a request now is refused."""
-        with self._lock:
-            return self._core.reject_probability(self._monotonic())
+        return float(self._read(self._core.reject_probability))
 
     def admits(self) -> bool:
         """Draw whether the next request may go on (False: refuse it)."""
-        with self._lock:
-            admitted = self._core.admits(self._monotonic(), self._rng)
-            if not admitted:
-                self.refused += 1
-        return admitted
+        return self._draw(self._core.admits)
 
     def record(self, success: bool) -> None:
         """An admitted request ended; ``success``: the upstream served it."""
-        with self._lock:
-            self._core.record(self._monotonic(), success)
+        self._read(lambda now: self._core.record(now, success))
 
     def status(self) -> dict[str, Any]:
         """``{"reject_probability", "requests", "successes", "refused"}`` now."""
-        with self._lock:
-            now = self._monotonic()
-            requests, successes = self._core.counts(now)
-            probability = self._core.reject_probability(now)
+        core = self._core
+        requests, successes, probability = self._read(
+            lambda now: (*core.counts(now), core.reject_probability(now))
+        )
         return {
             "reject_probability": probability,
             "requests": requests,

@@ -14,21 +14,17 @@
 from __future__ import annotations
 
 import random
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._errors import Throttled
 from ..core._throttle import AdaptiveThrottleCore
+from ._refusing import Refusing
 
 __all__ = ["AdaptiveThrottle", "ThrottledBreaker"]
 
-_RNG = random.Random()
 
-
-class AdaptiveThrottle:
+class AdaptiveThrottle(Refusing):
     """Refuse attempts locally while the backend accepts too few (SRE adaptive throttling).
 
     Over the last ``window`` seconds (default 120, the SRE book's two minutes) it
@@ -44,7 +40,7 @@ class AdaptiveThrottle:
     attempt, :meth:`accept` when the backend accepted it. Thread-safe.
     """
 
-    __slots__ = ("_core", "_lock", "_monotonic", "_rng", "name", "refused")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -56,15 +52,8 @@ class AdaptiveThrottle:
         clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self._core = AdaptiveThrottleCore(k=k, window=window, max_reject=max_reject)
-        the_clock = clock or SYSTEM_CLOCK
-        self._monotonic: Callable[[], float] = (
-            time.monotonic if the_clock is SYSTEM_CLOCK else the_clock.monotonic
-        )
-        self._rng = rng or _RNG
-        self._lock = threading.Lock()
-        self.name = name
-        self.refused = 0
+        core = AdaptiveThrottleCore(k=k, window=window, max_reject=max_reject)
+        super().__init__(core, name=name, clock=clock, rng=rng)
 
     def __repr__(self) -> str:
         core = self._core
@@ -73,33 +62,26 @@ class AdaptiveThrottle:
     @property
     def probability(self) -> float:
         """The probability that the next attempt is refused locally."""
-        with self._lock:
-            return self._core.probability(self._monotonic())
+        return float(self._read(self._core.probability))
 
     def allow(self) -> bool:
         """Count one attempt; True: send it, False: it is refused locally."""
-        with self._lock:
-            allowed = self._core.request(self._monotonic(), self._rng)
-            if not allowed:
-                self.refused += 1
-        return allowed
+        return self._draw(self._core.request)
 
     def accept(self) -> None:
         """The backend accepted an attempt."""
-        with self._lock:
-            self._core.accept(self._monotonic())
+        self._read(self._core.accept)
 
     def retract(self) -> None:
         """An attempt counted as accepted was refused by the backend (a 429 seen late)."""
-        with self._lock:
-            self._core.retract(self._monotonic())
+        self._read(self._core.retract)
 
     def status(self) -> dict[str, Any]:
         """``{"probability", "requests", "accepts", "refused"}`` now."""
-        with self._lock:
-            now = self._monotonic()
-            requests, accepts = self._core.counts(now)
-            probability = self._core.probability(now)
+        core = self._core
+        requests, accepts, probability = self._read(
+            lambda now: (*core.counts(now), core.probability(now))
+        )
         return {
             "probability": probability,
             "requests": requests,

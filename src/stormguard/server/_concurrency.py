@@ -29,7 +29,12 @@ from ._rules import ClientAddress, KeySpec, compile_key
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._view import ScopeView
 
-__all__ = ["ConcurrencyMiddleware", "run_admitted", "run_cancelling_on_disconnect"]
+__all__ = [
+    "ConcurrencyMiddleware",
+    "run_admitted",
+    "run_cancelling_on_disconnect",
+    "serve_overloaded",
+]
 
 
 async def run_cancelling_on_disconnect(
@@ -100,6 +105,27 @@ async def run_admitted(
         control.release(ticket)  # the client left before an answer
     else:
         control.leave(ticket, failed=status >= 500, dropped=status == 503)
+
+
+async def serve_overloaded(
+    control: OverloadControl,
+    request: tuple[Priority, int, str | None],
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    cancel_on_disconnect: bool = True,
+) -> None:
+    """Admit a request of ``(priority, attempt, client)`` through ``control`` and run
+    ``app`` for it (:func:`run_admitted`), or send the refusal."""
+    ticket = await control.aenter(*request)
+    if not isinstance(ticket, Ticket):
+        await send_refusal(send, ticket)
+        return
+    await run_admitted(
+        control, ticket, app, scope, receive, send, cancel_on_disconnect=cancel_on_disconnect
+    )
 
 
 class ConcurrencyMiddleware:
@@ -200,15 +226,9 @@ class ConcurrencyMiddleware:
         self, control: OverloadControl, scope: Scope, receive: Receive, send: Send
     ) -> None:
         view = ScopeView(scope)
-        ticket = await control.aenter(
-            Priority.DEFAULT, attempt_from(view.header), self.key_of(view)
-        )
-        if not isinstance(ticket, Ticket):
-            await send_refusal(send, ticket)
-            return
-        await run_admitted(
+        await serve_overloaded(
             control,
-            ticket,
+            (Priority.DEFAULT, attempt_from(view.header), self.key_of(view)),
             self.app,
             scope,
             receive,

@@ -23,12 +23,11 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import SYSTEM_CLOCK, Clock, monotonic_of
 from .._errors import ConfigError
 from ..core._checks import check_count, check_number
 from ..core._priority import (
@@ -157,9 +156,7 @@ class OverloadControl:
         self.retry_after = float(retry_after)
         self.name = name
         self._clock = clock or SYSTEM_CLOCK
-        self._monotonic: Callable[[], float] = (
-            time.monotonic if self._clock is SYSTEM_CLOCK else self._clock.monotonic
-        )
+        self._monotonic = monotonic_of(self._clock)
         self._poll = math.inf if self._clock is SYSTEM_CLOCK else _POLL
         self._lock = threading.Lock()
         self.admitted = 0

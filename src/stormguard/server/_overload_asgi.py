@@ -23,10 +23,10 @@ from .._clock import Clock
 from ..core._attempts import attempt_from
 from ..protection._adaptive import AdaptiveLimit
 from ..protection._admission_control import AdmissionControl
-from ._concurrency import run_admitted
-from ._overload import OverloadControl, Ticket
+from ._concurrency import serve_overloaded
+from ._overload import OverloadControl
 from ._priority import PrioritySpec, compile_priority
-from ._refusal import send_refusal, send_response
+from ._refusal import send_response
 from ._rules import ClientAddress, KeySpec, compile_key
 from ._types import ASGIApp, Receive, Scope, Send
 from ._view import ScopeView
@@ -99,15 +99,10 @@ class OverloadMiddleware:
             await self._state(path, send)
             return
         view = ScopeView(scope)
-        priority = self.classify(view, path)
         client = None if self.key_of is None else self.key_of(view)
-        ticket = await self.control.aenter(priority, attempt_from(view.header), client)
-        if not isinstance(ticket, Ticket):
-            await send_refusal(send, ticket)
-            return
-        await run_admitted(
+        await serve_overloaded(
             self.control,
-            ticket,
+            (self.classify(view, path), attempt_from(view.header), client),
             self.app,
             scope,
             receive,
