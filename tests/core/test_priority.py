@@ -54,9 +54,9 @@ def test_rank_order_is_class_then_first_attempt_then_lightness() -> None:
     """Sorted ascending (refused first): by class, then retries, then heavy clients."""
     ranks = {
         "critical retry": rank_of(Priority.CRITICAL, attempt=2),
-        "default first light": rank_of(Priority.DEFAULT, 1, usage=1),
-        "default first heavy": rank_of(Priority.DEFAULT, 1, usage=50),
-        "default retry light": rank_of(Priority.DEFAULT, 3, usage=1),
+        "default first light": rank_of(Priority.DEFAULT, 1, share=0.05),
+        "default first heavy": rank_of(Priority.DEFAULT, 1, share=0.9),
+        "default retry light": rank_of(Priority.DEFAULT, 3, share=0.05),
         "sheddable first": rank_of(Priority.SHEDDABLE, 1),
     }
     order = sorted(ranks, key=ranks.__getitem__)
@@ -115,7 +115,7 @@ def test_grants_go_best_rank_first_then_newest() -> None:
         ("shed", rank_of(Priority.SHEDDABLE)),
         ("retry", rank_of(Priority.DEFAULT, 2)),
         ("first-1", rank_of(Priority.DEFAULT, 1)),
-        ("heavy", rank_of(Priority.DEFAULT, 1, usage=9)),
+        ("heavy", rank_of(Priority.DEFAULT, 1, share=0.9)),
         ("critical", rank_of(Priority.CRITICAL, 2)),
         ("first-2", rank_of(Priority.DEFAULT, 1)),
     ]
@@ -179,9 +179,40 @@ def test_leave_without_admission_is_an_error() -> None:
         ShedLine(max_queue=0).leave()
 
 
-def test_usage_ranks_by_half_octave_bands() -> None:
-    """One client's requests tie (their counts differ by a few); clients far apart do not."""
-    assert rank_of(Priority.DEFAULT, 1, usage=2000) == rank_of(Priority.DEFAULT, 1, usage=2030)
-    assert rank_of(Priority.DEFAULT, 1, usage=2000) < rank_of(Priority.DEFAULT, 1, usage=500)
-    assert [usage_band(u) for u in (0, 1, 3, 7, 1000)] == [0, 2, 4, 6, 19]
-    assert usage_band(-5) == 0
+def test_usage_ranks_by_half_octave_bands_of_the_share() -> None:
+    """Shares close together tie; shares several times apart are ordered."""
+    assert rank_of(Priority.DEFAULT, 1, share=0.50) == rank_of(Priority.DEFAULT, 1, share=0.52)
+    assert rank_of(Priority.DEFAULT, 1, share=0.5) < rank_of(Priority.DEFAULT, 1, share=0.1)
+    assert [usage_band(s) for s in (0, 1 / 64, 0.1, 0.5, 1.0)] == [0, 2, 5, 10, 12]
+    assert usage_band(-5) == 0 and usage_band(7) == 12
+
+
+def test_a_lone_clients_band_stays_while_its_traffic_ramps_up() -> None:
+    """One client: its share is 1 whatever its rate, so its requests keep one band."""
+    usage = ClientUsage(half_life=10.0)
+    bands = {usage.band("only", i * 0.01) for i in range(2000)}
+    assert bands == {12}
+
+
+def test_heavy_and_light_clients_get_their_share_bands() -> None:
+    """Nine requests of one client for each of another's: the light one's band is that
+    of share 0.1; the heavy one keeps band 12 (its share, 0.9, is within half a band
+    of the 12 it had alone)."""
+    usage = ClientUsage(half_life=1e9)
+    for _ in range(100):
+        for _ in range(9):
+            heavy = usage.band("heavy", 0.0)
+        light = usage.band("light", 0.0)
+    assert (heavy, light) == (12, usage_band(0.1)) == (12, 5)
+    assert rank_of(1, band=heavy) < rank_of(1, band=light)
+
+
+def test_a_share_hovering_at_a_band_edge_keeps_its_band() -> None:
+    """A client's band moves only once its share is half a band past the edge."""
+    usage = ClientUsage(half_life=1e9)
+    usage.band("a", 0.0)  # share 1: band 12
+    seen = []
+    for _ in range(30):  # "b" grows from share 1/2 to 30/31 of the total...
+        seen.append(usage.band("b", 0.0))
+    assert seen[0] == usage_band(0.5) == 10  # a new client takes its exact band
+    assert seen[-1] == 11  # 2*log2(1 + 64*30/31) = 11.96: within half a band of 11

@@ -23,6 +23,11 @@
 # the gradient < 1 at once and the limit falls in the same interval: down without
 # smoothing (requests queue now), up smoothed (growth is a probe).
 #
+# An interval's samples are the requests admitted since the limit last changed:
+# a request admitted under the old limit says nothing about the new one, and
+# without this the controller would react one latency late and overshoot. So an
+# interval lasts at least `interval` and in practice at least one latency.
+#
 # Rules, in order, at the end of an interval:
 #   1. dropped requests (timed out, failed as overloaded) in the interval: the
 #      limit may not grow, and falls by `backoff` at least;
@@ -68,6 +73,7 @@ class AdaptiveLimitCore:
     __slots__ = (
         "_drops",
         "_interval_end",
+        "_interval_start",
         "_max_in_flight",
         "_next_probe",
         "_probe_samples",
@@ -141,6 +147,7 @@ class AdaptiveLimitCore:
         self._drops = 0
         self._max_in_flight = 0
         self._interval_end: float | None = None
+        self._interval_start = -math.inf
         # Probing at the start: every sample counts (all were admitted at the probe
         # limit), so the start time is -inf.
         self.probing = True
@@ -177,8 +184,8 @@ class AdaptiveLimitCore:
             return
         if dropped:
             self._drops += 1
-        elif len(self._samples) < _MAX_SAMPLES:
-            self._samples.append(rtt)
+        elif now - rtt >= self._interval_start and len(self._samples) < _MAX_SAMPLES:
+            self._samples.append(rtt)  # admitted under the current limit
         if now >= self._interval_end and (self._drops or len(self._samples) >= self.min_samples):
             self._update(now)
 
@@ -205,6 +212,7 @@ class AdaptiveLimitCore:
         self._samples = []
         self._drops = 0
         self._max_in_flight = 0
+        self._interval_start = now
         self._interval_end = now + self.interval
         if now >= self._next_probe or self.limit <= self.min_limit:
             self._start_probe(now)
@@ -225,5 +233,6 @@ class AdaptiveLimitCore:
         self._samples = []
         self._drops = 0
         self._max_in_flight = 0
+        self._interval_start = now
         self._interval_end = now + self.interval
         self._next_probe = now + self.probe_interval

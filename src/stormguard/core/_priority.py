@@ -4,17 +4,22 @@
 # trimmed to the three a service needs). Every request gets a rank; under overload
 # the lowest ranks are refused first:
 #
-#   rank = (class, first attempt?, -usage band)             compared left to right
+#   rank = (class, first attempt?, -usage-share band)       compared left to right
 #
 #   1. a lower class is refused before any request of a higher class;
 #   2. within a class, retries (attempt >= 2) before first attempts: a retry is
 #      load the overload itself made, and its caller has already waited once;
 #   3. then the heaviest clients first: usage is each client's recent request
-#      count, decayed with a half-life (ClientUsage), so one tenant flooding the
-#      service is shed before the light ones sharing its class. It ranks by band,
-#      floor(2 * log2(1 + usage)) (half an octave each): clients several times
-#      apart are ordered, while one client's own requests -- whose counts differ
-#      by the few requests between them -- tie and keep the LIFO order below.
+#      count, decayed with a half-life (ClientUsage), and a client ranks by its
+#      share of everyone's usage, so one tenant flooding the service is shed
+#      before the light ones sharing its class. Shares rank by band,
+#      floor(2 * log2(1 + 64 * share)) (half an octave each): clients several
+#      times apart are ordered, while one client's own requests tie and keep the
+#      LIFO order below. A share, unlike a count, does not climb while traffic
+#      ramps up (a lone client's share stays 1): a count stamped on each request
+#      would rank a client's older requests above its newer ones. A client's band
+#      moves only once its share is half a band past the edge (hysteresis), so a
+#      share that hovers at an edge does not alternate between two ranks.
 #   Equal ranks: the newest waiter is admitted first and the oldest pushed out
 #   first (LIFO, as Facebook's "adaptive LIFO"): under overload the request that
 #   has waited longest is the likeliest to miss its deadline or to have been given
@@ -56,6 +61,7 @@ __all__ = [
     "Rank",
     "ShedLine",
     "rank_of",
+    "SHARE_SCALE",
     "usage_band",
 ]
 
@@ -115,7 +121,7 @@ class Rank(NamedTuple):
     """Where a request stands in the shedding order; a smaller rank is refused first.
 
     ``priority``: its class; ``first``: a first attempt (True) or a retry;
-    ``lightness``: minus its client's usage band (lighter clients rank higher).
+    ``lightness``: minus its client's usage-share band (lighter clients rank higher).
     """
 
     priority: int
@@ -128,15 +134,26 @@ class Rank(NamedTuple):
         return str(Priority(self.priority))
 
 
-def usage_band(usage: float) -> int:
-    """``floor(2 * log2(1 + usage))``: half-octave bands of a client's usage."""
-    return int(2.0 * math.log2(1.0 + max(0.0, usage)))
+SHARE_SCALE = 64.0  # bands resolve shares down to about 1/64
 
 
-def rank_of(priority: Priority | int, attempt: int = 1, usage: float = 0.0) -> Rank:
+def _exact_band(share: float) -> float:
+    return 2.0 * math.log2(1.0 + SHARE_SCALE * min(1.0, max(0.0, share)))
+
+
+def usage_band(share: float) -> int:
+    """``floor(2 * log2(1 + 64 * share))``: half-octave bands of a client's share of
+    the recent usage (0 to 12)."""
+    return int(_exact_band(share))
+
+
+def rank_of(
+    priority: Priority | int, attempt: int = 1, share: float = 0.0, *, band: int | None = None
+) -> Rank:
     """The rank of a request of class ``priority``, attempt number ``attempt`` (1 =
-    first attempt), whose client made ``usage`` requests recently."""
-    return Rank(int(priority), attempt <= 1, -usage_band(usage))
+    first attempt), whose client made ``share`` of the recent requests (or whose
+    band is ``band``, as ClientUsage.band gives it)."""
+    return Rank(int(priority), attempt <= 1, -(usage_band(share) if band is None else band))
 
 
 class ClientUsage:
@@ -146,11 +163,13 @@ class ClientUsage:
 
         usage(now) = usage(then) * 2 ** (-(now - then) / half_life) + 1
 
+    and the same decayed total over every client is kept, so :meth:`band` can rank
+    a client by its share of it.
     At most ``max_clients`` are remembered (the least recently seen is forgotten
     first), so a flood of new client keys costs bounded memory.
     """
 
-    __slots__ = ("_clients", "half_life", "max_clients")
+    __slots__ = ("_clients", "_total", "half_life", "max_clients")
 
     def __init__(self, *, half_life: float = 10.0, max_clients: int = 10_000) -> None:
         if not isinstance(half_life, int | float) or not 0 < half_life < math.inf:
@@ -159,25 +178,43 @@ class ClientUsage:
             raise ConfigError("max_clients", f"must be an integer >= 1, got {max_clients!r}")
         self.half_life = float(half_life)
         self.max_clients = max_clients
-        self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        # client -> (usage, when, band)
+        self._clients: OrderedDict[str, tuple[float, float, int]] = OrderedDict()
+        self._total: tuple[float, float, int] = (0.0, 0.0, 0)  # everyone's usage, when
 
     def __len__(self) -> int:
         return len(self._clients)
 
-    def _decayed(self, entry: tuple[float, float] | None, now: float) -> float:
+    def _decayed(self, entry: tuple[float, float, int] | None, now: float) -> float:
         if entry is None:
             return 0.0
-        value, then = entry
+        value, then, _ = entry
         return value * math.pow(2.0, -max(0.0, now - then) / self.half_life)
+
+    def _count(self, client: str, now: float) -> tuple[float, int]:
+        clients = self._clients
+        entry = clients.pop(client, None)
+        value = self._decayed(entry, now) + 1.0
+        total = self._decayed(self._total, now) + 1.0
+        self._total = (total, max(now, self._total[1]), 0)
+        exact = _exact_band(value / total)
+        band = int(exact)
+        if entry is not None and abs(exact - (entry[2] + 0.5)) <= 1.0:
+            band = entry[2]  # within half a band of its own: the band stays
+        clients[client] = (value, now, band)
+        if len(clients) > self.max_clients:
+            clients.popitem(last=False)
+        return value, band
 
     def touch(self, client: str, now: float) -> float:
         """Count one request of ``client`` at ``now``; its usage including this one."""
-        clients = self._clients
-        value = self._decayed(clients.pop(client, None), now) + 1.0
-        clients[client] = (value, now)
-        if len(clients) > self.max_clients:
-            clients.popitem(last=False)
-        return value
+        return self._count(client, now)[0]
+
+    def band(self, client: str, now: float) -> int:
+        """Count one request of ``client`` at ``now``; the band of its share of all
+        usage (see the module notes): ``floor(2 * log2(1 + 64 * share))``, moved only
+        half a band past an edge."""
+        return self._count(client, now)[1]
 
     def usage(self, client: str, now: float) -> float:
         """The usage of ``client`` at ``now``, without counting a request."""

@@ -179,11 +179,11 @@ class OverloadControl:
 
     def rank(self, priority: Priority | int, attempt: int = 1, client: str | None = None) -> Rank:
         """The rank of a request (counts it in its client's usage)."""
-        usage = 0.0
+        band = 0
         if client is not None:
             with self._lock:
-                usage = self._usage.touch(client, self._monotonic())
-        return rank_of(priority, attempt, usage)
+                band = self._usage.band(client, self._monotonic())
+        return rank_of(priority, attempt, band=band)
 
     # -- entering ---------------------------------------------------------------
 
