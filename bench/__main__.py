@@ -27,6 +27,7 @@ BENCHMARKS = {
     "rls": "bench.bench_rls",
     "rls-instructions": "bench.bench_rls_instructions",
     "store-scale": "bench.bench_store_scale",
+    "overload": "bench.bench_overload",
 }
 
 

@@ -11,6 +11,9 @@ import stormguard
 # Names DESIGN.md promises to users. Add to this list; never remove from it.
 PROMISED = {
     "stormguard": [
+        "AdaptiveLimit",
+        "AdaptiveThrottle",
+        "AdmissionControl",
         "AsyncRateLimiter",
         "Bulkhead",
         "CircuitBreaker",
@@ -27,6 +30,7 @@ PROMISED = {
         "GCRA",
         "NoBackoff",
         "Pacer",
+        "Priority",
         "Quota",
         "RateLimiter",
         "RetryBudget",
@@ -34,7 +38,9 @@ PROMISED = {
         "RetryPolicy",
         "SlidingWindowCounter",
         "SlidingWindowLog",
+        "Throttled",
         "TokenBucket",
+        "attempt_number",
         "parse_rate_limits",
         "parse_retry_after",
         "retry",
@@ -51,12 +57,17 @@ PROMISED = {
     "stormguard.asgi": [
         "ConcurrencyMiddleware",
         "IdempotencyMiddleware",
+        "OverloadControl",
+        "OverloadMiddleware",
         "RateLimitMiddleware",
         "Rule",
         "WebSocketLimits",
     ],
     "stormguard.fastapi": ["install", "limit", "stormguard_limit"],
     "stormguard.protection": [
+        "AdaptiveLimit",
+        "AdaptiveThrottle",
+        "AdmissionControl",
         "BreakerEvent",
         "Bulkhead",
         "CircuitBreaker",
@@ -64,6 +75,7 @@ PROMISED = {
         "Pacer",
         "Permit",
         "RetryBudget",
+        "ThrottledBreaker",
         "reset_process_guards",
     ],
     "stormguard.limiting": ["AsyncRateLimiter", "LimiterStats", "RateLimiter"],

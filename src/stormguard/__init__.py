@@ -18,10 +18,12 @@ from ._errors import (
     ScenarioError,
     StoreError,
     StormguardError,
+    Throttled,
 )
 from .client._context import Attempt, Retrying, retrying
 from .client._decorator import retry
 from .client._driver import RetryRecord
+from .core._attempts import attempt_number
 from .core._backoff import (
     Backoff,
     Constant,
@@ -43,12 +45,26 @@ from .core._limiters import (
     TokenBucket,
 )
 from .core._policy import GiveUpReason, RetryPolicy
+from .core._priority import Priority
 from .limiting import AsyncRateLimiter, RateLimiter
-from .protection import BreakerEvent, Bulkhead, CircuitBreaker, Cooldown, Pacer, RetryBudget
+from .protection import (
+    AdaptiveLimit,
+    AdaptiveThrottle,
+    AdmissionControl,
+    BreakerEvent,
+    Bulkhead,
+    CircuitBreaker,
+    Cooldown,
+    Pacer,
+    RetryBudget,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveLimit",
+    "AdaptiveThrottle",
+    "AdmissionControl",
     "AsyncRateLimiter",
     "Attempt",
     "Backoff",
@@ -72,6 +88,7 @@ __all__ = [
     "MissingExtra",
     "NoBackoff",
     "Pacer",
+    "Priority",
     "Quota",
     "RateLimited",
     "RateLimiter",
@@ -85,7 +102,9 @@ __all__ = [
     "SlidingWindowLog",
     "StoreError",
     "StormguardError",
+    "Throttled",
     "TokenBucket",
+    "attempt_number",
     "parse_rate_limits",
     "parse_retry_after",
     "retry",

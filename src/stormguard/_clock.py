@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time as _time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "SYSTEM_CLOCK"]
+__all__ = ["Clock", "SystemClock", "SYSTEM_CLOCK", "monotonic_of"]
 
 
 class Clock(Protocol):
@@ -42,3 +43,11 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def monotonic_of(clock: Clock | None) -> Callable[[], float]:
+    """The monotonic reading of ``clock`` (None: the system's), without a method hop
+    for the system clock (``time.monotonic`` itself)."""
+    if clock is None or clock is SYSTEM_CLOCK:
+        return _time.monotonic
+    return clock.monotonic

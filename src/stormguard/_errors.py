@@ -7,6 +7,7 @@ Every error that stormguard raises on purpose derives from :class:`StormguardErr
      ├── MissingExtra (also ImportError)    an optional dependency is not installed
      ├── RetryError                         a retrying call gave up; carries why
      ├── CircuitOpen                        a circuit breaker refused the call
+     │    └── Throttled                     the client's adaptive throttle refused it locally
      ├── BulkheadFull                       no concurrency slot within max_wait
      ├── RateLimited                        a limiter or a shared cooldown refused the call
      ├── StoreError                         a shared store (Redis) failed; mapped at the boundary
@@ -36,6 +37,7 @@ __all__ = [
     "ScenarioError",
     "StoreError",
     "StormguardError",
+    "Throttled",
 ]
 
 
@@ -110,6 +112,25 @@ class CircuitOpen(StormguardError):
         self.remaining = remaining
         label = f"circuit {name!r}" if name else "circuit"
         super().__init__(f"{label} is open; retry in {remaining:.3f}s")
+
+
+class Throttled(CircuitOpen):
+    """The client's adaptive throttle refused this attempt locally (SRE throttling).
+
+    The origin accepted too few of the recent attempts, so a fraction
+    ``probability`` of new ones is refused without being sent. A
+    :class:`CircuitOpen` (``remaining`` is 0: the next attempt may pass), so code
+    that handles a breaker's refusal handles this one too.
+    """
+
+    def __init__(self, name: str | None, probability: float) -> None:
+        self.probability = probability
+        super().__init__(name, 0.0)
+        label = f"{name!r}" if name else "the origin"
+        self.args = (
+            f"{label} is throttled locally: it accepted too few recent attempts "
+            f"(refusing {probability:.0%} of new ones)",
+        )
 
 
 class BulkheadFull(StormguardError):

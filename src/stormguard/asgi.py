@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from .server._concurrency import ConcurrencyMiddleware
 from .server._idempotency import IdempotencyMiddleware
+from .server._overload import OverloadControl
+from .server._overload_asgi import OverloadMiddleware
 from .server._ratelimit import RateLimitMiddleware
 from .server._rules import Rule
 from .server._websocket import WebSocketLimits
@@ -22,6 +24,8 @@ from .server._websocket import WebSocketLimits
 __all__ = [
     "ConcurrencyMiddleware",
     "IdempotencyMiddleware",
+    "OverloadControl",
+    "OverloadMiddleware",
     "RateLimitMiddleware",
     "Rule",
     "WebSocketLimits",

@@ -1,4 +1,5 @@
-"""Protection: circuit breaker, retry budget, bulkhead, per-origin cooldown and pacing.
+"""Protection: circuit breaker, retry budget, bulkhead, per-origin cooldown and pacing,
+and overload control (adaptive concurrency limit, admission control, adaptive throttling).
 
 The main names are re-exported from :mod:`stormguard`; this package holds the
 runtime objects around the pure cores in :mod:`stormguard.core`.
@@ -6,6 +7,8 @@ runtime objects around the pure cores in :mod:`stormguard.core`.
 
 from __future__ import annotations
 
+from ._adaptive import AdaptiveLimit
+from ._admission_control import AdmissionControl
 from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
@@ -13,8 +16,12 @@ from ._cooldown import Cooldown
 from ._origin import OriginGuard, OriginGuards, origin_of, process_guards, reset_process_guards
 from ._pacer import Pacer
 from ._permit import BreakerEvent, Permit
+from ._throttle import AdaptiveThrottle, ThrottledBreaker
 
 __all__ = [
+    "AdaptiveLimit",
+    "AdaptiveThrottle",
+    "AdmissionControl",
     "BreakerEvent",
     "Bulkhead",
     "CircuitBreaker",
@@ -24,6 +31,7 @@ __all__ = [
     "Pacer",
     "Permit",
     "RetryBudget",
+    "ThrottledBreaker",
     "origin_of",
     "process_guards",
     "reset_process_guards",

@@ -32,6 +32,7 @@ from ._budget import RetryBudget
 from ._bulkhead import Bulkhead
 from ._cooldown import Cooldown
 from ._pacer import Pacer
+from ._throttle import AdaptiveThrottle
 
 __all__ = [
     "OriginGuard",
@@ -102,7 +103,9 @@ class Protection(TypedDict, total=False):
     ``breaker``, ``budget``, ``bulkhead``, ``cooldown``, ``pacing``: ``True`` (on,
     defaults), ``False``/``None`` (off), a mapping of settings, or a ready object
     shared by every origin. ``store`` shares breakers, budgets and cooldowns across
-    processes.
+    processes. ``throttle`` (off by default): SRE adaptive throttling per origin
+    (:class:`stormguard.AdaptiveThrottle`; ``True``, a mapping of its settings, or
+    one shared object).
     """
 
     breaker: Setting
@@ -111,6 +114,7 @@ class Protection(TypedDict, total=False):
     cooldown: Setting
     pacing: Setting
     store: Any
+    throttle: Setting
 
 
 _PARTS = ("breaker", "budget", "bulkhead", "cooldown", "pacing")
@@ -150,6 +154,7 @@ class OriginGuard:
         "budget",
         "bulkhead",
         "origin",
+        "throttle",
     )
 
     def __init__(
@@ -163,8 +168,10 @@ class OriginGuard:
         pacer: Pacer | None,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
+        throttle: AdaptiveThrottle | None = None,
     ) -> None:
         self.origin = origin
+        self.throttle = throttle
         self._clock = clock
         self._rng = rng or _RNG
         self.breaker = breaker
@@ -207,7 +214,9 @@ class OriginGuard:
         if cached is not None and cached[0] is base:
             return cached[1]
         changes: dict[str, Any] = {}
-        if base.breaker is None and self.breaker is not None:
+        if base.breaker is None and self.throttle is not None:
+            changes["breaker"] = self.throttle.guarding(self.breaker)  # breaker, then throttle
+        elif base.breaker is None and self.breaker is not None:
             changes["breaker"] = self.breaker
         if base.budget is None and self.budget is not None:
             changes["budget"] = self.budget
@@ -306,6 +315,8 @@ class OriginGuard:
         read from ``headers``).
         """
         hint = self._hint(status, headers, hint)
+        if status == 429 and self.throttle is not None:
+            self.throttle.retract()  # counted as accepted (not a 5xx): it was a refusal
         if hint and self._cooldown is not None:
             self._cooldown.pause(self.origin, hint)
         if self._pacer is not None:
@@ -314,6 +325,8 @@ class OriginGuard:
     async def aobserve(self, status: int, headers: Any, hint: float | None = None) -> None:
         """Async twin of :meth:`observe`."""
         hint = self._hint(status, headers, hint)
+        if status == 429 and self.throttle is not None:
+            self.throttle.retract()
         if hint and self._cooldown is not None:
             await self._cooldown.apause(self.origin, hint)
         if self._pacer is not None:
@@ -378,6 +391,7 @@ class OriginGuards:
         "_pacer_settings",
         "_rng",
         "_store",
+        "_throttle",
         "generation",
     )
 
@@ -405,6 +419,7 @@ class OriginGuards:
         self._bulkhead = bulk
         self._cooldown_settings = _settings(cooldown, "cooldown", Cooldown)
         self._pacer_settings = _settings(pacing, "pacing", Pacer)
+        self._throttle = _settings(protection.get("throttle"), "throttle", AdaptiveThrottle)
         self._guards: OrderedDict[str, OriginGuard] = OrderedDict()  # least recent first
         # Bumped whenever a guard handed out stops being the registry's (an eviction,
         # a reset): an adapter that keeps guards per origin checks it on each request.
@@ -429,7 +444,14 @@ class OriginGuards:
         """False when every part is off (the adapter can skip the bookkeeping)."""
         return any(
             part is not None
-            for part in (self._breaker, self._budget, self._bulkhead, self._cooldown, self._pacer)
+            for part in (
+                self._breaker,
+                self._budget,
+                self._bulkhead,
+                self._cooldown,
+                self._pacer,
+                self._throttle,
+            )
         )
 
     def get(self, origin: str) -> OriginGuard:
@@ -512,6 +534,10 @@ class OriginGuards:
         bulkhead = self._bulkhead
         if isinstance(bulkhead, dict):
             bulkhead = Bulkhead(**{"name": origin, "clock": self._clock, **bulkhead})
+        throttle = self._throttle
+        if isinstance(throttle, dict):
+            settings = {"name": origin, "clock": self._clock, "rng": self._rng, **throttle}
+            throttle = AdaptiveThrottle(**settings)
         return OriginGuard(
             origin,
             breaker=breaker,  # type: ignore[arg-type]
@@ -521,6 +547,7 @@ class OriginGuards:
             pacer=self._pacer,
             clock=self._clock,
             rng=self._rng,
+            throttle=throttle,  # type: ignore[arg-type]
         )
 
 
@@ -580,6 +607,7 @@ def guards_for(
     if guards is not None:
         return guards
     defaults = all(protection.get(name, True) is True for name in _PARTS)
+    defaults = defaults and not protection.get("throttle")
     if defaults and (protection.get("store"), clock, rng) == (None, None, None):
         return process_guards()
     return OriginGuards(clock=clock, rng=rng, **protection)

@@ -31,5 +31,15 @@ The pieces below are what the gateway assembles (never copy them):
   ``_concurrency.run_cancelling_on_disconnect(app, scope, receive, send)``;
 * ``_websocket``: ``WebSocketLimits`` and ``WebSocketGuard(limits, store=).run(app, scope,
   receive, send, client)``;
-* ``_grpc``: the interceptors and ``peer_address``.
+* ``_grpc``: the interceptors and ``peer_address``;
+* ``_overload``: ``OverloadControl(limit | AdaptiveLimit, max_queue=, max_wait=,
+  admission=)`` with ``aenter(priority, attempt, client)`` / ``enter(...)`` -> ``Ticket``
+  | ``Refusal`` (503: ``shed:<class>``, ``concurrency_limit``, ``admission_control``)
+  and ``leave(ticket, failed=, dropped=)``; ``status()``, ``metrics_text()`` -- the
+  gateway's "priority and overload control" stage is a front end of it;
+* ``_priority``: ``compile_priority(priority, routes=, address=, default=)`` ->
+  ``(view, path) -> Priority``; ``core._attempts.attempt_from(view.header)`` reads the
+  attempt number;
+* ``_overload_asgi``: ``OverloadMiddleware``; ``_concurrency.run_admitted(control,
+  ticket, app, scope, receive, send)`` runs an admitted request and reports its end.
 """

@@ -14,13 +14,23 @@
 #               `idempotent-replayed: true`); a call ending in an error status is
 #               released; in flight -> ABORTED + pushback; other request with the
 #               same key or a bad key -> INVALID_ARGUMENT; store down -> UNAVAILABLE.
+#   overload    (overload=OverloadControl(...)) the call's class (`priority`:
+#               a callable or a metadata header; `priority_routes`: method
+#               prefix -> class), its attempt (`grpc-previous-rpc-attempts` + 1,
+#               or the HTTP retry headers) and its client (`overload_key`) rank it;
+#               refused under overload -> UNAVAILABLE + pushback; the call's end
+#               (an error status or exception: failed; UNAVAILABLE or
+#               RESOURCE_EXHAUSTED: dropped; CANCELLED or DEADLINE_EXCEEDED: the
+#               caller left, nothing learnt) feeds the control.
 # The refusal is decided where the peer is known (inside the call), so the
 # interceptor wraps each handler's behaviour; streaming calls hold their
 # concurrency slot until the response stream ends.
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, NoReturn
 from urllib.parse import unquote
 
@@ -28,11 +38,14 @@ import grpc
 import grpc.aio
 
 from .._errors import ConfigError
+from ..core._attempts import attempt_from
 from ..core._decision import Decision
 from ..core._idempotency import fingerprint
 from ._admission import Admission
 from ._decide import RuleSet
 from ._idempotency import IdempotencyGuard, Replay, encode_response
+from ._overload import OverloadControl, Ticket
+from ._priority import PrioritySpec, compile_priority
 from ._refusal import Refusal
 from ._rules import ClientAddress, KeySpec, Rule, compile_key
 from ._steps import RUN, Call, Steps, adrive, drive
@@ -44,6 +57,11 @@ _REFUSE = {
     "unavailable": grpc.StatusCode.UNAVAILABLE,
     "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+# Ends of a call that say "too much" to the overload control (no latency sample),
+# and ends that teach it nothing (the caller left, or its own deadline passed).
+_DROPPED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_GONE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED})
+_CANCELLED = (asyncio.CancelledError, GeneratorExit)
 _BY_STATUS = {
     409: grpc.StatusCode.ABORTED,
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -65,10 +83,11 @@ def peer_address(peer: str) -> str | None:
 
 class _CallView:
     # A RequestView over one call: metadata by lower-case name, the peer address.
-    __slots__ = ("_metadata", "_peer", "raw")
+    __slots__ = ("_metadata", "_peer", "raw", "ticket")
 
     def __init__(self, details: Any, context: Any) -> None:
         self.raw = details
+        self.ticket: Ticket | None = None  # the overload control's, when it admitted the call
         metadata: dict[str, str] = {}
         for key, value in context.invocation_metadata() or ():
             if isinstance(value, bytes):
@@ -141,6 +160,10 @@ class _Interceptor:
         idempotency: IdempotencyGuard | bool = False,
         idempotency_key: str = "idempotency-key",
         idempotency_scope: KeySpec | None = None,
+        overload: OverloadControl | None = None,
+        priority: PrioritySpec = None,
+        priority_routes: Mapping[str, str] | None = None,
+        overload_key: KeySpec | None = "ip",
     ) -> None:
         if refuse_with not in _REFUSE:
             raise ConfigError("refuse_with", f"must be one of {tuple(_REFUSE)}: {refuse_with!r}")
@@ -173,6 +196,11 @@ class _Interceptor:
         self._scope_of = (
             None if idempotency_scope is None else compile_key(idempotency_scope, address)
         )
+        if overload is not None and not isinstance(overload, OverloadControl):
+            raise ConfigError("overload", f"must be an OverloadControl, got {overload!r}")
+        self._overload = overload
+        self._classify = compile_priority(priority, routes=priority_routes, address=address)
+        self._overload_key = None if overload_key is None else compile_key(overload_key, address)
 
     def _limited(self, decision: Decision) -> Abort:
         if self._rules is not None and self._rules.store_down and self._rules.fails_closed:
@@ -187,10 +215,30 @@ class _Interceptor:
         code = _BY_STATUS.get(refusal.status, grpc.StatusCode.FAILED_PRECONDITION)
         return Abort(code, refusal.reason.replace("_", " "), _pushback(refusal.retry_after))
 
-    def _leave(self, client: str | None) -> None:
-        """Give back the concurrency slot of a call that took one."""
+    def _leave(self, client: str | None, view: _CallView, context: Any) -> None:
+        """Give back the concurrency slot and the overload ticket of a call that took them."""
         if self._concurrency is not None:
             self._concurrency.leave(client)
+        if view.ticket is not None and self._overload is not None:
+            error = sys.exc_info()[1]
+            code = context.code()
+            if code in _GONE or isinstance(error, _CANCELLED):
+                self._overload.release(view.ticket)  # the caller left: nothing learnt
+                return
+            failed = error is not None or (code is not None and code != grpc.StatusCode.OK)
+            self._overload.leave(view.ticket, failed=failed, dropped=code in _DROPPED)
+
+    def _overloaded(self, view: _CallView) -> Steps[Abort | None]:
+        """The overload control's admission of a call: None (admitted), or an Abort."""
+        assert self._overload is not None
+        client = None if self._overload_key is None else self._overload_key(view)
+        method = view.raw.method
+        priority = self._classify(view, method)
+        ticket = yield Call(self._overload, "enter", (priority, attempt_from(view.header), client))
+        if isinstance(ticket, Refusal):
+            return self._refused(ticket)
+        view.ticket = ticket
+        return None
 
     # The two conversations of a call, written once (server/_steps.py); each
     # interceptor drives them with its own flavour of the rules, admission and
@@ -202,11 +250,17 @@ class _Interceptor:
             decision = yield Call(self._rules, "decide", (view, "POST", view.raw.method))
             if decision is not None and not decision.allowed:
                 return self._limited(decision)
+        if self._overload is not None:
+            shed = yield from self._overloaded(view)
+            if shed is not None:
+                return shed
         client = None
         if self._concurrency is not None:
             client = self._client_of(view) if self._concurrency.per_client else None
             refusal = yield Call(self._concurrency, "enter", (client,))
             if refusal is not None:
+                if view.ticket is not None and self._overload is not None:
+                    self._overload.release(view.ticket)
                 return self._refused(refusal)
         return client
 
@@ -269,6 +323,12 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
     ``concurrency_key``; a bounded wait of ``concurrency_max_wait`` seconds).
     ``idempotency=True`` (or an ``IdempotencyGuard``) runs a unary call once per
     ``idempotency_key`` metadata value, scoped by ``idempotency_scope``.
+    ``overload``: an :class:`stormguard.asgi.OverloadControl` shedding calls in
+    priority order under overload (UNAVAILABLE + ``grpc-retry-pushback-ms``); a
+    call's class comes from ``priority`` (a callable of the call details, or
+    ``{"header": NAME, "trust": "proxies" | "always"}`` for metadata) or
+    ``priority_routes`` (method prefix -> class); its attempt number from
+    ``grpc-previous-rpc-attempts``; its client from ``overload_key``.
     """
 
     _asyncio = False
@@ -293,11 +353,12 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
         enter, leave = self._enter, self._leave
 
         def streamed(request: Any, context: Any) -> Iterator[Any]:
-            client = enter(_CallView(details, context), context)
+            view = _CallView(details, context)
+            client = enter(view, context)
             try:
                 yield from behaviour(request, context)
             finally:
-                leave(client)
+                leave(client, view, context)
 
         return streamed
 
@@ -318,7 +379,7 @@ class RateLimitServerInterceptor(_Interceptor, grpc.ServerInterceptor):  # type:
                     self._abort(context, answer)
                 return answer
             finally:
-                leave(client)
+                leave(client, view, context)
 
         return unary
 
@@ -351,12 +412,13 @@ class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):
         enter, leave = self._enter, self._leave
 
         async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
-            client = await enter(_CallView(details, context), context)
+            view = _CallView(details, context)
+            client = await enter(view, context)
             try:
                 async for item in behaviour(request, context):
                     yield item
             finally:
-                leave(client)
+                leave(client, view, context)
 
         return streamed
 
@@ -378,6 +440,6 @@ class AsyncRateLimitServerInterceptor(_Interceptor, grpc.aio.ServerInterceptor):
                     await self._abort(context, answer)
                 return answer
             finally:
-                leave(client)
+                leave(client, view, context)
 
         return unary

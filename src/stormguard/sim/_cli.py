@@ -15,7 +15,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise MissingExtra("click", "sim") from exc
 
-from . import _budget, _layers, _occ, _output, _storm
+from . import _budget, _layers, _metastable, _occ, _output, _storm
 from ._engine import numpy, progress
 
 __all__ = ["simulate_command"]
@@ -216,6 +216,41 @@ def run_layers(
     return _written(out, "layers", parameters, tables, plot and draw)
 
 
+def run_metastable(
+    out: Path,
+    config: _metastable.MetastableConfig,
+    depths: list[float],
+    durations: list[float],
+    strategies: list[str],
+    seed: int,
+    *,
+    plot: bool,
+    show_progress: bool | None,
+) -> list[Path]:
+    """The metastable sweep: metastable.csv, metastable.json and metastable.png."""
+    total = len(strategies) * len(_metastable.TRIGGERS) * len(depths) * len(durations)
+    with progress("metastable", total, enabled=show_progress) as tick:
+        rows = _metastable.sweep(config, depths, durations, seed, strategies=strategies, tick=tick)
+    table = [tuple(getattr(r, name) for name in _metastable.HEADER) for r in rows]
+    for strategy in strategies:
+        mine = [r for r in rows if r.strategy == strategy]
+        stuck = sum(r.state == "stuck" for r in mine)
+        slow = sum(r.state == "recovering" for r in mine)
+        _say(
+            f"metastable: {strategy}: {len(mine) - stuck - slow} of {len(mine)} cells recovered"
+            f" within {config.tail:g} s, {slow} slow, {stuck} stuck"
+        )
+    parameters = {**asdict(config), "depths": depths, "durations": durations, "seed": seed}
+
+    def draw(path: Path) -> Path:
+        from ._metastable_plot import plot_metastable
+
+        return plot_metastable(rows, config, path)
+
+    tables = {"rows": (_metastable.HEADER, table)}
+    return _written(out, "metastable", parameters, tables, plot and draw)
+
+
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 _NON_NEGATIVE = click.FloatRange(min=0)
 
@@ -237,7 +272,7 @@ def _checked(call: Callable[[], _T]) -> _T:
 
 
 @click.command(name="simulate")
-@click.argument("scenario", type=click.Choice(["occ", "storm", "budget", "layers"]))
+@click.argument("scenario", type=click.Choice(["occ", "storm", "budget", "layers", "metastable"]))
 @_option(
     "--out",
     click.Path(file_okay=False, path_type=Path),
@@ -270,6 +305,14 @@ def _checked(call: Callable[[], _T]) -> _T:
 )
 @_option("--depth", click.IntRange(min=1, max=8), 4, "layers: number of retrying layers.")
 @_option("--attempts", click.IntRange(min=1, max=10), 4, "layers: attempts per layer.")
+@_option("--depths", str, "0.2,0.4,0.6,0.8", "metastable: trigger depths in [0, 1).")
+@_option("--durations", str, "1,2,5,10,20", "metastable: trigger durations (s).")
+@_option(
+    "--strategies",
+    str,
+    "none,budget,sre-throttle,admission",
+    "metastable: strategies to compare (comma list).",
+)
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Draw PNG plots.")
 @click.option(
     "--progress/--no-progress", "show_progress", default=None, help="Progress bar [on a terminal]."
@@ -293,6 +336,9 @@ def simulate_command(
     total_rps: float | None,
     depth: int,
     attempts: int,
+    depths: str,
+    durations: str,
+    strategies: str,
     plot: bool,
     show_progress: bool | None,
 ) -> None:
@@ -303,6 +349,7 @@ def simulate_command(
     storm   an outage under steady load: immediate, exponential, full, full+budget
     budget  independent failures: none, retries, budget, breaker per client
     layers  retries nested over --depth layers above a failing bottom
+    metastable  trigger depth x duration: which cells recover, per strategy
     """
     if scenario == "occ":
         occ_clients = _ints(clients or _OCC_CLIENTS, "--clients")
@@ -336,6 +383,12 @@ def simulate_command(
             lambda: run_budget(
                 out, budget, fleet, rates, seed, plot=plot, show_progress=show_progress
             )
+        )
+    elif scenario == "metastable":
+        grid = _checked(lambda: _metastable.parse_grid(depths, durations, strategies))
+        config = _checked(_metastable.MetastableConfig)
+        paths = _checked(
+            lambda: run_metastable(out, config, *grid, seed, plot=plot, show_progress=show_progress)
         )
     else:
         paths = _checked(
