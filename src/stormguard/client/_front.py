@@ -329,8 +329,9 @@ class Lane:
         # Anything to do before the send at all (count, pace, admit)?
         self.protected = self.paced or self.breaker is not None or self.budget is not None
         self.gate: QuickGuard | _General | None = _GENERAL
-        # The gate when it is the lock-free one with every part (written out inline
-        # on RetryTransport's success path).
+        # The gate when it is the lock-free one with a budget: it tells the registry
+        # the origin is in use whenever it counts its budget's batch, so the
+        # front end need not count the lane's requests (see touched()).
         self.quick: QuickGuard | None = None
         if general:
             return
@@ -341,7 +342,7 @@ class Lane:
             # (a policy's own breaker or budget is taken by the general path)
             quick = quick_guard(guard, monotonic, touch)
             self.gate = quick or _GENERAL
-            if quick is not None and quick.parts:
+            if quick is not None and quick.budget is not None:
                 self.quick = quick
 
     def abandon(self) -> None:

@@ -320,13 +320,13 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     # The success path: both front ends below are the same four steps, and only
     # the send is awaited in one of them. The two sync halves around the send,
-    # _enter() and _passed(), are shared; each writes out what a plain success
-    # needs in one frame (a Python call costs about as much as the whole gate): the
-    # lane look-up (HttpFront.lane_of, here by host first), the lock-free gate of
-    # an origin with every part (QuickGuard.enter and .settle) and the quota-name
-    # check. tests/client/test_success_path_fronts.py runs each rule through both
-    # front ends (and through RetryAdapter.send, which inlines only the look-up and
-    # calls the gate's methods).
+    # _enter() and _passed(), are shared; they write out what a plain success
+    # needs of the front end itself in one frame (the lane look-up,
+    # HttpFront.lane_of, here by host first; the quota-name check) and enter and
+    # settle the lane's gate through its own methods (protection/_quick.py, on
+    # the breaker's and the bulkhead's lock-free try_enter/settle pairs).
+    # tests/client/test_success_path_fronts.py runs each rule through both front
+    # ends (and through RetryAdapter.send).
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
@@ -384,40 +384,14 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         except KeyError:  # a request built without a client has none
             pass
         started = _monotonic() if self.system_clock else self.monotonic()
-        quick = lane.quick
-        if quick is None:
-            gate = lane.gate
-            if gate is None:
-                return lane, started, True
+        gate = lane.gate
+        if gate is None:
+            return lane, started, True
+        if lane.quick is None:  # (a gate with a budget tells the registry itself)
             lane.touch_in -= 1
             if lane.touch_in <= 0:
                 self.touched(lane)
-            return lane, started, gate.enter(started)
-        # (a lane with this gate tells the registry from its budget's batches)
-        # QuickGuard.enter(started) of a gate with every part, inline
-        core, free, waiters, ring, deposits, _ = quick.parts
-        ticket = core.closed_admission
-        if (
-            ticket is None
-            or waiters
-            or (
-                (quick.pauses or quick.paced or quick.guard._episode is not None)
-                and quick.pending_at(started)
-            )
-        ):
-            return lane, started, None
-        try:
-            free.pop()
-        except IndexError:
-            return lane, started, None
-        if started < ring.bucket_end:
-            try:
-                deposits.pop()
-            except IndexError:
-                quick.deposit(started)
-        else:
-            quick.deposit(started)
-        return lane, started, ticket
+        return lane, started, gate.enter(started)
 
     def _passed(self, lane: Lane, started: float, ticket: Any, response: Any) -> bool:
         """Whether a first attempt's success (< 400) ends the call as it is: no
@@ -433,25 +407,9 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 name = True
             if name is not None and not self.quota_free(response.headers, _PLAIN_NAMES):
                 return False
-        quick = lane.quick
-        if quick is None:
-            gate = lane.gate
-            if gate is not None:
-                gate.settle(ticket, started)
-            return True
-        # QuickGuard.settle(ticket, started), inline
-        core, free, waiters, _, _, pending = quick.parts
-        free.append(None)
-        if waiters:
-            quick.hand_out()
-        now = _monotonic() if self.system_clock else quick.monotonic()
-        if now < core.quiet_until and ticket is core.closed_admission:
-            try:
-                pending.pop()
-                return True
-            except IndexError:
-                pass
-        quick.record(ticket, started, now)
+        gate = lane.gate
+        if gate is not None:
+            gate.settle(ticket, started)
         return True
 
     def _lane_by_host(self, ref: Any, url: httpx.URL) -> Lane:
