@@ -35,6 +35,8 @@ PROMISED = {
         "SlidingWindowCounter",
         "SlidingWindowLog",
         "TokenBucket",
+        "attempt_headers",
+        "current_attempt",
         "parse_rate_limits",
         "parse_retry_after",
         "retry",

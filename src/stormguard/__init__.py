@@ -19,6 +19,7 @@ from ._errors import (
     StoreError,
     StormguardError,
 )
+from .client._attempt import attempt_headers, current_attempt
 from .client._context import Attempt, Retrying, retrying
 from .client._decorator import retry
 from .client._driver import RetryRecord
@@ -86,6 +87,8 @@ __all__ = [
     "StoreError",
     "StormguardError",
     "TokenBucket",
+    "attempt_headers",
+    "current_attempt",
     "parse_rate_limits",
     "parse_retry_after",
     "retry",

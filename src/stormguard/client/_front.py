@@ -140,6 +140,11 @@ class HttpFront:
         """Whether the library's request has a body that can be sent again."""
         raise NotImplementedError
 
+    @staticmethod
+    def numbered(request: Any, number: int) -> Any:
+        """A copy of the library's request carrying ``Retry-Attempt: number``."""
+        raise NotImplementedError
+
     def _configure(self, owner: str, options: FrontOptions) -> None:
         """Take the adapter's keywords (see :class:`FrontOptions`): policy, keys, hooks,
         protection; an unknown one is a TypeError, as in any ``owner()`` call."""
@@ -475,6 +480,17 @@ class HttpCall:
     def remaining(self) -> float:
         """Seconds left before the call's deadline (``inf`` without one)."""
         return self.lane.deadline - (self.front.monotonic() - self.started)
+
+    def attempt(self) -> Any:
+        """The request to send now: the call's own for a first attempt; for a retry
+        a copy that says which attempt it is (``Retry-Attempt: N``, 2 on the first
+        retry; client/_attempt.py), so the caller's request object is left as it
+        was given (it may be sent again, as a first attempt)."""
+        run = self._run
+        if run is None:
+            return self.request
+        number = run.conversation.attempts
+        return self.request if number < 2 else self.front.numbered(self.request, number)
 
     def slot(self) -> contextlib.AbstractContextManager[None]:
         """The origin's bulkhead slot for one attempt (waits at most the deadline)."""

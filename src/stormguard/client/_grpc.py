@@ -14,7 +14,8 @@
 # `grpc-retry-pushback-ms`, as in gRPC's retry design; a negative value means
 # "do not retry"; or `retry-after` in seconds), else the backoff draw. Each
 # attempt's timeout is cut to the time left before the policy's deadline.
-# Streaming calls are not intercepted: a stream cannot be replayed safely.
+# Streaming calls are not intercepted: a stream cannot be replayed safely. A retry
+# carries `grpc-previous-rpc-attempts: N-1` in its metadata (gRPC A6).
 #
 # Per-target cooldown (as the HTTP adapters' per-origin one): an UNAVAILABLE or
 # RESOURCE_EXHAUSTED answer with a wait hint pauses the target, and every call to
@@ -38,6 +39,7 @@ from ..core._engine import Outcome
 from ..core._headers import parse_retry_after
 from ..core._policy import RetryFailure, RetryPolicy
 from ..protection._origin import OriginGuard, OriginGuards, Setting, process_guards
+from ._attempt import GRPC_PREVIOUS_ATTEMPTS
 from ._driver import Engine, RetryHook, Run
 from ._front import with_retry_if
 from ._http import new_idempotency_key
@@ -101,6 +103,15 @@ def _pushback(
         if key == "retry-after":
             return False, parse_retry_after(text, now=wall_now)
     return False, None
+
+
+def _numbered(metadata: list[tuple[str, Any]], run: Run) -> list[tuple[str, Any]]:
+    """The call's metadata for this attempt: a retry says how many attempts came
+    before it (``grpc-previous-rpc-attempts``, gRPC A6: 1 on the first retry)."""
+    previous = run.conversation.attempts - 1
+    if previous < 1:
+        return metadata
+    return [*metadata, (GRPC_PREVIOUS_ATTEMPTS, str(previous))]
 
 
 def _pushed_back(trailers: Iterable[tuple[str, Any]] | None) -> bool:
@@ -258,7 +269,7 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
             details = _SyncDetails(
                 d.method,
                 self._timeout(d, run),
-                metadata,
+                _numbered(metadata, run),
                 d.credentials,
                 getattr(d, "wait_for_ready", None),
                 getattr(d, "compression", None),
@@ -291,7 +302,11 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
 
         async def asend() -> Outcome:
             details = grpc.aio.ClientCallDetails(
-                d.method, self._timeout(d, run), metadata, d.credentials, d.wait_for_ready
+                d.method,
+                self._timeout(d, run),
+                _numbered(metadata, run),
+                d.credentials,
+                d.wait_for_ready,
             )
             outcome = await continuation(details, request)
             code = await outcome.code()

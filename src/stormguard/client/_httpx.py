@@ -15,6 +15,7 @@ import httpx
 
 from ..core._engine import Outcome
 from ..core._outcome import Failure
+from ._attempt import RETRY_ATTEMPT
 from ._front import (
     _MAX_LANES,
     FrontOptions,
@@ -254,10 +255,23 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             names.find(b"ratelimit") >= 0 or names.find(b"rate-limit") >= 0
         )
 
-    def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
-        request = call.request
+    @staticmethod
+    def numbered(request: Any, number: int) -> httpx.Request:
+        """A copy of ``request`` carrying ``Retry-Attempt: number`` (same body stream,
+        which is replayable: a one-shot body is never retried)."""
+        headers = request.headers.copy()
+        headers[RETRY_ATTEMPT] = str(number)
+        return httpx.Request(
+            request.method,
+            request.url,
+            headers=headers,
+            stream=request.stream,
+            extensions=dict(request.extensions),
+        )
 
+    def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
         def send() -> Outcome:
+            request = call.attempt()
             _cap_timeouts(request, call.remaining())
             try:
                 response = inner.handle_request(request)
@@ -283,9 +297,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def _asend(
         self, call: HttpCall, inner: httpx.AsyncBaseTransport
     ) -> Callable[[], Awaitable[Outcome]]:
-        request = call.request
-
         async def asend() -> Outcome:
+            request = call.attempt()
             _cap_timeouts(request, call.remaining())
             try:
                 response = await inner.handle_async_request(request)

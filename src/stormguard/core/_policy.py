@@ -94,9 +94,11 @@ class RetryPolicy:
     * ``retry_exceptions``: exception types worth retrying (the decorator's ``on``).
     * ``budget``/``breaker``: optional :class:`RetryBudget` / :class:`CircuitBreaker`.
     * ``retry_if``: an optional predicate called with the failed attempt's response
-      (HTTP adapters) or exception; ``True`` retries it (even a status outside
-      ``retry_statuses``, such as a 409 on GET), ``False`` never retries it, ``None``
-      leaves it to the decision table. It cannot make an unkeyed POST that may have
+      (HTTP adapters) or exception, and with the value a decorated function
+      returned; ``True`` retries it (even a status outside ``retry_statuses``, such
+      as a 409 on GET, or a result such as ``{"status": "pending"}``), ``False``
+      never retries it, ``None`` leaves it to the decision table (a value is
+      then the call's answer). It cannot make an unkeyed POST that may have
       been processed retryable, and a server's ``x-should-retry`` /
       ``Stripe-Should-Retry`` header overrides it either way.
     * ``reraise``: when retries end, raise the last exception itself instead of
