@@ -45,7 +45,16 @@ from .core._limiters import (
 )
 from .core._policy import GiveUpReason, RetryPolicy
 from .limiting import AsyncRateLimiter, RateLimiter
-from .protection import BreakerEvent, Bulkhead, CircuitBreaker, Cooldown, Pacer, RetryBudget
+from .protection import (
+    BreakerEvent,
+    Bulkhead,
+    CircuitBreaker,
+    Cooldown,
+    Pacer,
+    RetryBudget,
+    RetryQuota,
+    RetryThrottling,
+)
 
 __version__ = "0.1.0"
 
@@ -79,7 +88,9 @@ __all__ = [
     "RetryBudget",
     "RetryError",
     "RetryPolicy",
+    "RetryQuota",
     "RetryRecord",
+    "RetryThrottling",
     "Retrying",
     "ScenarioError",
     "SlidingWindowCounter",

@@ -105,6 +105,7 @@ class _Judge:
             should_retry=judged.should_retry,
             repeat_unsafe=judged.repeat_unsafe,
             subject=exc,
+            throttled=judged.throttled,
         ), detail
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import BulkheadFull, ConfigError
 from ..core._body_hints import MAX_BODY
-from ..core._engine import Outcome
+from ..core._engine import Outcome, records_outcomes
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
 from ..core._ratelimit_headers import Quota, parse_rate_limits
@@ -289,6 +289,7 @@ class Lane:
         "max_wait",
         "observes",
         "origin",
+        "outcomes",
         "paced",
         "policy",
         "port",
@@ -322,6 +323,8 @@ class Lane:
         self.policy = policy = policy if guard is None else guard.policy(policy)
         self.breaker = policy.breaker
         self.budget = policy.budget
+        # A budget that hears every answer (a quota): a first attempt's success is told.
+        self.outcomes = records_outcomes(self.budget)
         self.aadmit = getattr(self.breaker, "aacquire", None)
         self.acount = getattr(self.budget, "arecord_request", None)
         self.deadline = policy.deadline_s
@@ -649,6 +652,8 @@ def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
     if permit is not None:
         permit.record(failure=outcome[1])
     if outcome[0] is None:
+        if lane.outcomes:
+            lane.budget.record_outcome(success=True)
         return outcome.result()
     return call.run.run(send, first=outcome).result()
 
@@ -709,6 +714,8 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
         else:
             permit.record(failure=outcome[1])
     if outcome[0] is None:
+        if lane.outcomes:
+            lane.budget.record_outcome(success=True)
         return outcome.result()
     return (await call.run.arun(asend, first=outcome)).result()
 

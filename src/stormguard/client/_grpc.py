@@ -229,6 +229,7 @@ class _Base:
             should_retry=False if forbidden else None,
             repeat_unsafe=not (safe or refused),
             subject=Answer(code, details, tuple(trailers or ())),
+            throttled=refused,
         )
         fault = code in _SERVER_FAULTS and not _pushed_back(trailers)
         return Outcome(failure, fault, outcome)

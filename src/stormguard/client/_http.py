@@ -118,6 +118,7 @@ def response_failure(
         should_retry=verdict_of_server,
         repeat_unsafe=unsafe,
         subject=subject,
+        throttled=effective == 429,
     )
 
 

@@ -13,6 +13,7 @@ from ._cooldown import Cooldown
 from ._origin import OriginGuard, OriginGuards, origin_of, process_guards, reset_process_guards
 from ._pacer import Pacer
 from ._permit import BreakerEvent, Permit
+from ._quota import RetryQuota, RetryThrottling
 
 __all__ = [
     "BreakerEvent",
@@ -24,6 +25,8 @@ __all__ = [
     "Pacer",
     "Permit",
     "RetryBudget",
+    "RetryQuota",
+    "RetryThrottling",
     "origin_of",
     "process_guards",
     "reset_process_guards",
