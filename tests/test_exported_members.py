@@ -51,6 +51,7 @@ PROMISED = {
         "AsyncRetryInterceptor",
         "RateLimitServerInterceptor",
         "RetryInterceptor",
+        "channel_options",
     ],
     "stormguard.asgi": [
         "ConcurrencyMiddleware",

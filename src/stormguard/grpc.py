@@ -7,6 +7,7 @@ from ._extras import require
 require("grpc", "grpc")
 
 from .client._grpc import AsyncRetryInterceptor, RetryInterceptor  # noqa: E402
+from .client._grpc_config import channel_options  # noqa: E402
 
 # Server side (stormguard.server): rate limits, concurrency and idempotency.
 from .server._grpc import (  # noqa: E402
@@ -19,4 +20,5 @@ __all__ = [
     "AsyncRetryInterceptor",
     "RateLimitServerInterceptor",
     "RetryInterceptor",
+    "channel_options",
 ]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -42,6 +42,7 @@ from ..protection._origin import OriginGuard, OriginGuards, Setting, process_gua
 from ._attempt import GRPC_PREVIOUS_ATTEMPTS
 from ._driver import Engine, RetryHook, Run
 from ._front import with_retry_if
+from ._grpc_config import MethodSettings, ServiceConfig
 from ._http import new_idempotency_key
 
 __all__ = ["AsyncRetryInterceptor", "RetryInterceptor"]
@@ -61,6 +62,7 @@ _SERVER_FAULTS = frozenset(
 # Codes whose wait hint pauses the target (gRPC's 503 and 429).
 _COOLDOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _KEY = "idempotency-key"
+_MAX_METHODS = 1024  # methods whose service-config policy an interceptor keeps
 _PUSHBACK = "grpc-retry-pushback-ms"
 
 
@@ -136,8 +138,13 @@ class _Base:
         cooldown: Setting = True,
         target: str | None = None,
         guards: OriginGuards | None = None,
+        service_config: str | Mapping[str, Any] | None = None,
     ) -> None:
         self.policy = with_retry_if(policy, retry_if)
+        # The channel's service config (client/_grpc_config.py): per-method
+        # policies, codes and hedging, and the retry throttling of every call.
+        self.service_config = None if service_config is None else ServiceConfig(service_config)
+        self._methods: dict[str, tuple[RetryPolicy, frozenset[grpc.StatusCode], bool]] = {}
         if isinstance(idempotent, bool):
             flag = idempotent
             self._idempotent: Callable[[str], bool] = lambda method: flag
@@ -185,6 +192,22 @@ class _Base:
             self._generation = registry.generation
         return guard
 
+    def _method(self, method: str) -> tuple[RetryPolicy, frozenset[grpc.StatusCode], bool]:
+        """The policy, the retryable codes and whether the config vouches for
+        repeating ``method`` (its own retryPolicy lists the codes)."""
+        config = self.service_config
+        if config is None:
+            return self.policy, self.retry_codes, False
+        known = self._methods.get(method)
+        if known is None:
+            settings = config.for_method(method) or MethodSettings()
+            policy = settings.policy(self.policy, config.throttling)
+            codes = self.retry_codes if settings.codes is None else settings.codes
+            if len(self._methods) >= _MAX_METHODS:
+                self._methods.clear()
+            known = self._methods[method] = (policy, codes, settings.codes is not None)
+        return known
+
     def _begin(self, details: Any) -> tuple[Run, list[tuple[str, Any]], bool, OriginGuard | None]:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         metadata = list(details.metadata or ())
@@ -194,8 +217,14 @@ class _Base:
             has_key = True
         guard = self._target_guard()
         pace = None if guard is None else (guard.wait_before, guard.await_before)
-        run = self.engine.start(self.policy, target=f"gRPC {method}", pace=pace)
-        return run, metadata, has_key or self._idempotent(method), guard
+        policy, _, vouched = self._method(method)
+        run = self.engine.start(policy, target=f"gRPC {method}", pace=pace)
+        return run, metadata, has_key or vouched or self._idempotent(method), guard
+
+    def _codes(self, details: Any) -> frozenset[grpc.StatusCode]:
+        """The retryable codes of the call's method."""
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        return self._method(method)[1]
 
     @staticmethod
     def _pause(outcome: Outcome, code: grpc.StatusCode) -> float | None:
@@ -215,15 +244,24 @@ class _Base:
         return remaining if details.timeout is None else min(details.timeout, remaining)
 
     def _judge(
-        self, outcome: Any, code: grpc.StatusCode, trailers: Any, details: Any, safe: bool
+        self,
+        outcome: Any,
+        code: grpc.StatusCode,
+        trailers: Any,
+        details: Any,
+        safe: bool,
+        codes: frozenset[grpc.StatusCode] | None = None,
     ) -> Outcome:
-        """One call's answer as the engine's Outcome (server faults count for a breaker)."""
+        """One call's answer as the engine's Outcome (server faults count for a breaker);
+        ``codes``: the method's retryable codes (default: the interceptor's)."""
+        if codes is None:
+            codes = self.retry_codes
         if code == grpc.StatusCode.OK:
             return Outcome(None, False, outcome)
         refused = code in _REFUSED  # the server did not process it (like HTTP 429)
         forbidden, hint = _pushback(trailers, self.engine.clock.time())
         failure = RetryFailure(
-            code in self.retry_codes and not forbidden and (safe or refused),
+            code in codes and not forbidden and (safe or refused),
             f"gRPC {code.name}",
             hint,
             should_retry=False if forbidden else None,
@@ -258,6 +296,17 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     shared by every interceptor naming it through the same guards: the process-wide
     ones by default, or ``guards=``); without it the pause covers this
     interceptor's calls only.
+
+    ``service_config``: the channel's gRPC service config (JSON text or the parsed
+    mapping), read as gRPC reads it (A6): a method's ``retryPolicy`` sets its
+    attempts (at most 5), backoff (``random(0, min(initialBackoff *
+    backoffMultiplier**(n-1), maxBackoff))``) and the codes retried for it
+    whatever ``idempotent`` says; a method the config names without one is not
+    retried; ``timeout`` is the call's deadline across attempts;
+    ``retryThrottling`` (``maxTokens``, ``tokenRatio``) throttles the retries of
+    every call (:class:`stormguard.RetryThrottling`). Build the channel with
+    :func:`stormguard.grpc.channel_options` so gRPC does not retry the same calls
+    too. A retry carries ``grpc-previous-rpc-attempts: N-1`` (gRPC A6).
     """
 
     def intercept_unary_unary(
@@ -265,6 +314,7 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     ) -> Any:
         run, metadata, safe, guard = self._begin(client_call_details)
         d = client_call_details
+        codes = self._codes(d)
 
         def send() -> Outcome:
             details = _SyncDetails(
@@ -278,7 +328,7 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
             outcome = continuation(details, request)
             code = outcome.code()
             trailers = outcome.trailing_metadata()
-            judged = self._judge(outcome, code, trailers, outcome.details(), safe)
+            judged = self._judge(outcome, code, trailers, outcome.details(), safe, codes)
             pause = None if guard is None else self._pause(judged, code)
             if pause is not None:
                 assert guard is not None
@@ -300,6 +350,7 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
     ) -> Any:
         run, metadata, safe, guard = self._begin(client_call_details)
         d = client_call_details
+        codes = self._codes(d)
 
         async def asend() -> Outcome:
             details = grpc.aio.ClientCallDetails(
@@ -312,7 +363,7 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
             outcome = await continuation(details, request)
             code = await outcome.code()
             trailers = await outcome.trailing_metadata()
-            judged = self._judge(outcome, code, trailers, await outcome.details(), safe)
+            judged = self._judge(outcome, code, trailers, await outcome.details(), safe, codes)
             pause = None if guard is None else self._pause(judged, code)
             if pause is not None:
                 assert guard is not None
