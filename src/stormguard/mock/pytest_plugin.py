@@ -68,7 +68,7 @@ def stormguard_mock(request: pytest.FixtureRequest) -> Iterator[MockFactory]:
     # Imported here so that merely having stormguard installed never breaks a
     # pytest run that lacks the mock extra; a test that asks for the fixture on a
     # core install gets MissingExtra naming it, not h11's ModuleNotFoundError.
-    MockServer = _server_class()  # noqa: N806 - the class
+    MockServer = _server_class()
 
     servers: list[MockServer] = []
 
