@@ -83,6 +83,7 @@ PROMISED = {
         "Violation",
         "check_journal",
         "load_scenario",
+        "vendor_scenario",
     ],
 }
 

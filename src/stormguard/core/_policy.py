@@ -48,6 +48,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._backoff import Backoff, FullJitter, seconds
 from ._outcome import DEFAULT_RETRY_STATUSES
+from ._profiles import profile
 
 __all__ = [
     "GiveUp",
@@ -186,6 +187,22 @@ class RetryPolicy:
     def replace(self, **changes: Any) -> RetryPolicy:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def for_api(cls, api: str, **changes: Any) -> RetryPolicy:
+        """The retry policy a vendor's own SDK follows, as a frozen policy.
+
+        ``api`` is ``"openai"``, ``"anthropic"``, ``"stripe"``, ``"github"`` or
+        ``"aws"``: each sets the attempts, backoff, retryable statuses and
+        ``max_wait`` of that SDK (docs/client/vendors.md has the table, each row
+        citing the SDK file it follows); ``"aws"`` also brings a new
+        :class:`stormguard.RetryQuota` and the throttle backoff. ``changes``
+        replace any field. A profile never loosens the unkeyed-POST rule: pass
+        ``idempotency_keys=True`` to the adapter where the API accepts keys
+        (Stripe's SDK keys every POST).
+        """
+        policy = cls(**profile(api))
+        return policy.replace(**changes) if changes else policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,12 +68,12 @@ def stormguard_mock(request: pytest.FixtureRequest) -> Iterator[MockFactory]:
     # Imported here so that merely having stormguard installed never breaks a
     # pytest run that lacks the mock extra; a test that asks for the fixture on a
     # core install gets MissingExtra naming it, not h11's ModuleNotFoundError.
-    MockServer = _server_class()
+    server_class = _server_class()
 
     servers: list[MockServer] = []
 
     def start(scenario: Mapping[str, Any] | str | Path, *, seed: int | None = None) -> MockServer:
-        server = MockServer(_resolve(scenario, request.path), seed=seed)
+        server = server_class(_resolve(scenario, request.path), seed=seed)
         server.start()
         servers.append(server)
         return server

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import ClassVar
 
+from ..core._profiles import BUDGETS
 from ..core._quota import RetryQuotaCore, RetryThrottlingCore
 
 __all__ = ["RetryQuota", "RetryThrottling"]
@@ -121,3 +122,7 @@ class RetryThrottling(_TokenBudget):
         core = self._core
         assert isinstance(core, RetryThrottlingCore)
         return f"RetryThrottling(max_tokens={core.max_tokens:g}, tokens={core.tokens:g})"
+
+
+# The `aws` profile's budget (core/_profiles.py cannot build a runtime object).
+BUDGETS["retry_quota"] = RetryQuota
