@@ -33,6 +33,7 @@ from .core._backoff import (
     NoBackoff,
 )
 from .core._body_hints import wait_hint_from_body
+from .core._hedge import HedgePolicy
 from .core._headers import Quota, parse_rate_limits, parse_retry_after, wait_hint
 from .core._limiters import (
     GCRA,
@@ -79,6 +80,7 @@ __all__ = [
     "FullJitter",
     "GCRA",
     "GiveUpReason",
+    "HedgePolicy",
     "MissingExtra",
     "NoBackoff",
     "Pacer",
