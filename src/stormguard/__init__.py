@@ -33,8 +33,8 @@ from .core._backoff import (
     NoBackoff,
 )
 from .core._body_hints import wait_hint_from_body
-from .core._hedge import HedgePolicy
 from .core._headers import Quota, parse_rate_limits, parse_retry_after, wait_hint
+from .core._hedge import HedgePolicy
 from .core._limiters import (
     GCRA,
     Concurrency,

@@ -90,7 +90,8 @@ class _HedgingBase:
                 ratio=self.policy.ratio,
                 min_per_second=self.policy.min_per_second,
             )
-            chosen = (Hedger(policy, budget=self._budget or self._default.budget), hedging.non_fatal)
+            budget = self._budget or self._default.budget
+            chosen = (Hedger(policy, budget=budget), hedging.non_fatal)
         elif self._named(method):
             chosen = (self._default, self.non_fatal)
         if len(self._hedgers) < 1024:
