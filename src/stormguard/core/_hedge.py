@@ -13,8 +13,8 @@
 # The delay is fixed, or the `percentile` of the latencies recently seen (the
 # LatencyWindow below, fed by the winning copies), never under `min_delay`; until
 # `min_samples` latencies are known the fixed `delay` is used. Hedging at the
-# 95th percentile sends at most ~5 % more requests and cuts the tail the slowest
-# 5 % of copies cause; the budget (a RetryBudgetCore / RetryBudget: extra copies
+# 95th percentile sends ~5 % more requests and cuts the tail the slowest 5 % of
+# copies cause, at the 99th ~1-2 % more; the budget (a RetryBudgetCore / RetryBudget: extra copies
 # <= ratio * requests + a reserve) caps the extra load whatever the latencies do,
 # so a slow backend is never sent twice its load.
 #
@@ -44,7 +44,9 @@ class HedgePolicy:
     * ``min_samples``: latencies needed before the percentile is trusted (100).
     * ``window``: how many recent latencies the percentile is taken over (1000).
     * ``ratio`` / ``min_per_second``: the hedge budget (extra copies at most
-      ``ratio`` of requests plus a reserve of ``min_per_second``; defaults 0.05, 1).
+      ``ratio`` of requests plus a reserve of ``min_per_second``; defaults 0.1, 1).
+      It must exceed the share of copies slower than the delay (5 % at the 95th
+      percentile), or it runs dry on the merely slow and the tail goes unhedged.
     """
 
     attempts: int = 2
@@ -53,7 +55,7 @@ class HedgePolicy:
     min_delay: float = 0.0
     min_samples: int = 100
     window: int = 1000
-    ratio: float = 0.05
+    ratio: float = 0.1
     min_per_second: float = 1.0
 
     def __post_init__(self) -> None:
