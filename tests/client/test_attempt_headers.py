@@ -8,14 +8,10 @@ import asyncio
 from typing import Any
 
 import httpx
-import pytest
 from http_support import (
     ScriptedServer,
     Sender,
     Step,
-    send_httpx_async,
-    send_httpx_sync,
-    send_requests,
 )
 
 import stormguard
@@ -24,16 +20,6 @@ from stormguard.httpx import RetryTransport
 from stormguard.testing import FakeClock
 
 FAST = RetryPolicy(attempts=4, backoff=Constant(0.1, 0.1), deadline=30)
-
-
-@pytest.fixture(
-    params=[send_httpx_sync, send_httpx_async, send_requests],
-    ids=["httpx", "httpx-async", "requests"],
-)
-def send(request: pytest.FixtureRequest) -> Sender:
-    """Each HTTP adapter in turn."""
-    sender: Sender = request.param
-    return sender
 
 
 def _attempts(server: ScriptedServer) -> list[str | None]:

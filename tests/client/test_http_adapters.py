@@ -13,26 +13,12 @@ from http_support import (
     ScriptedServer,
     Sender,
     Step,
-    send_httpx_async,
-    send_httpx_sync,
-    send_requests,
 )
 
 from stormguard import Constant, FullJitter, RetryPolicy
 from stormguard.httpx import RetryTransport
 from stormguard.requests import RetryAdapter
 from stormguard.testing import FakeClock
-
-
-@pytest.fixture(
-    params=[send_httpx_sync, send_httpx_async, send_requests],
-    ids=["httpx", "httpx-async", "requests"],
-)
-def send(request: pytest.FixtureRequest) -> Sender:
-    """Each adapter in turn."""
-    sender: Sender = request.param
-    return sender
-
 
 FAST = RetryPolicy(attempts=5, backoff=Constant(0.25, 0.25), deadline=30)
 

@@ -10,9 +10,6 @@ from http_support import (
     ScriptedServer,
     Sender,
     Step,
-    send_httpx_async,
-    send_httpx_sync,
-    send_requests,
 )
 
 from stormguard import Constant, RetryError, RetryPolicy, retry
@@ -20,16 +17,6 @@ from stormguard.testing import FakeClock
 
 POLICY = RetryPolicy(attempts=4, backoff=Constant(0.25, 0.25), deadline=60)
 IN_FLIGHT = Step(409, {"Retry-After": "2"}, b'{"title": "Conflict"}')
-
-
-@pytest.fixture(
-    params=[send_httpx_sync, send_httpx_async, send_requests],
-    ids=["httpx", "httpx-async", "requests"],
-)
-def send(request: pytest.FixtureRequest) -> Sender:
-    """Each HTTP adapter in turn."""
-    sender: Sender = request.param
-    return sender
 
 
 def test_a_keyed_post_in_flight_is_retried_after_the_hint(

@@ -9,9 +9,6 @@ from http_support import (
     ScriptedServer,
     Sender,
     Step,
-    send_httpx_async,
-    send_httpx_sync,
-    send_requests,
 )
 
 from stormguard import (
@@ -24,16 +21,6 @@ from stormguard import (
     retry,
 )
 from stormguard.testing import FakeClock
-
-
-@pytest.fixture(
-    params=[send_httpx_sync, send_httpx_async, send_requests],
-    ids=["httpx", "httpx-async", "requests"],
-)
-def send(request: pytest.FixtureRequest) -> Sender:
-    """Each HTTP adapter in turn."""
-    sender: Sender = request.param
-    return sender
 
 
 def test_transient_retries_stop_when_the_quota_cannot_pay(clock: FakeClock) -> None:

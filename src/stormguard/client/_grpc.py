@@ -45,7 +45,7 @@ from ._front import with_retry_if
 from ._grpc_config import MethodSettings, ServiceConfig
 from ._http import new_idempotency_key
 
-__all__ = ["AsyncRetryInterceptor", "RetryInterceptor"]
+__all__ = ["AsyncRetryInterceptor", "RetryInterceptor", "method_predicate"]
 
 DEFAULT_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _REFUSED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -107,6 +107,19 @@ def _pushback(
     return False, None
 
 
+def method_predicate(
+    methods: bool | Collection[str] | Callable[[str], bool],
+) -> Callable[[str], bool]:
+    """Which full method names ``methods`` covers: all or none (a bool), a set of
+    names, or a predicate of the name."""
+    if isinstance(methods, bool):
+        flag = methods
+        return lambda method: flag
+    if callable(methods):
+        return methods
+    return frozenset(methods).__contains__
+
+
 def _numbered(metadata: list[tuple[str, Any]], run: Run) -> list[tuple[str, Any]]:
     """The call's metadata for this attempt: a retry says how many attempts came
     before it (``grpc-previous-rpc-attempts``, gRPC A6: 1 on the first retry)."""
@@ -145,14 +158,7 @@ class _Base:
         # policies, codes and hedging, and the retry throttling of every call.
         self.service_config = None if service_config is None else ServiceConfig(service_config)
         self._methods: dict[str, tuple[RetryPolicy, frozenset[grpc.StatusCode], bool]] = {}
-        if isinstance(idempotent, bool):
-            flag = idempotent
-            self._idempotent: Callable[[str], bool] = lambda method: flag
-        elif callable(idempotent):
-            self._idempotent = idempotent
-        else:
-            names = frozenset(idempotent)
-            self._idempotent = names.__contains__
+        self._idempotent = method_predicate(idempotent)
         self.retry_codes = frozenset(retry_codes)
         self.idempotency_keys = idempotency_keys
         self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)

@@ -24,7 +24,7 @@ import grpc.aio
 
 from ..core._hedge import HedgePolicy
 from ._attempt import GRPC_PREVIOUS_ATTEMPTS
-from ._grpc import _SyncDetails
+from ._grpc import _SyncDetails, method_predicate
 from ._grpc_config import Hedging, ServiceConfig
 from ._hedge import Answer, Hedger
 
@@ -60,13 +60,7 @@ class _HedgingBase:
         service_config: str | Mapping[str, Any] | None = None,
         budget: Any = None,
     ) -> None:
-        if isinstance(methods, bool):
-            flag = methods
-            self._named: Callable[[str], bool] = lambda method: flag
-        elif callable(methods):
-            self._named = methods
-        else:
-            self._named = frozenset(methods).__contains__
+        self._named = method_predicate(methods)
         self.policy = policy or HedgePolicy()
         self.non_fatal = frozenset(non_fatal)
         self.service_config = None if service_config is None else ServiceConfig(service_config)

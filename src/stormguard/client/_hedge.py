@@ -108,7 +108,7 @@ class Hedger:
         pool = self._pool
         if pool is None:
             pool = self._pool = ThreadPoolExecutor(_WORKERS, "stormguard-hedge")
-        self.budget.record_request()
+        race = _Race(self, final, time.monotonic)
         running: dict[Future[Answer], int] = {}
 
         def launch(copy: int) -> None:
@@ -116,48 +116,20 @@ class Hedger:
             running[pool.submit(context.run, self._timed, send, copy)] = copy
 
         launch(1)
-        sent, hedging, last = 1, True, None
-        delay = self.delay()
-        next_at = time.monotonic() + delay
         try:
-            while running:
-                timeout = None
-                if hedging and sent < self.policy.attempts:
-                    timeout = max(0.0, next_at - time.monotonic())
-                done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-                if not done:  # the delay passed without an answer
-                    hedging = self._extra()
-                    if hedging:
-                        sent += 1
-                        launch(sent)
-                        next_at = time.monotonic() + delay
-                    continue
-                for future in sorted(done, key=running.__getitem__):
+            while running and race.winner is None:
+                done, _ = wait(running, timeout=race.timeout(), return_when=FIRST_COMPLETED)
+                for copy in race.next_copies([future.result() for future in done]):
+                    launch(copy)
+                for future in done:
                     del running[future]
-                    answer = future.result()
-                    self._seen(answer)
-                    if final(answer):
-                        if last is not None:
-                            _drop(last, discard)
-                        for other in done - {future}:
-                            running.pop(other, None)
-                            _drop(other.result(), discard)
-                        return answer.unwrap()
-                    if last is not None:
-                        _drop(last, discard)
-                    last = answer
-                    if hedging and sent < self.policy.attempts:
-                        hedging = self._extra()  # a failure: the next copy at once
-                        if hedging:
-                            sent += 1
-                            launch(sent)
-                            next_at = time.monotonic() + delay
         finally:
             for future in running:  # losers: unsent ones stay unsent, the rest dropped
                 if not future.cancel():
                     future.add_done_callback(lambda done: _drop(done.result(), discard))
-        assert last is not None
-        return last.unwrap()
+        for dropped in race.dropped:
+            _drop(dropped, discard)
+        return race.answer()
 
     # -- async: copies as tasks -------------------------------------------------------
 
@@ -172,58 +144,107 @@ class Hedger:
 
     async def arun(self, asend: ASend, final: Final, adiscard: ADiscard) -> Any:
         """Async twin of :meth:`run`: the losers are cancelled."""
-        self.budget.record_request()
+        race = _Race(self, final, asyncio.get_running_loop().time)
         running: dict[asyncio.Task[Answer], int] = {}
 
         def launch(copy: int) -> None:
             running[asyncio.ensure_future(self._atimed(asend, copy))] = copy
 
         launch(1)
-        sent, hedging, last = 1, True, None
-        delay = self.delay()
-        loop = asyncio.get_running_loop()
-        next_at = loop.time() + delay
         try:
-            while running:
-                timeout = None
-                if hedging and sent < self.policy.attempts:
-                    timeout = max(0.0, next_at - loop.time())
-                done, _ = await asyncio.wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-                if not done:
-                    hedging = self._extra()
-                    if hedging:
-                        sent += 1
-                        launch(sent)
-                        next_at = loop.time() + delay
-                    continue
-                for task in sorted(done, key=running.__getitem__):
+            while running and race.winner is None:
+                done, _ = await asyncio.wait(
+                    running, timeout=race.timeout(), return_when=FIRST_COMPLETED
+                )
+                for copy in race.next_copies([task.result() for task in done]):
+                    launch(copy)
+                for task in done:
                     del running[task]
-                    answer = task.result()
-                    self._seen(answer)
-                    if final(answer):
-                        if last is not None:
-                            await _adrop(last, adiscard)
-                        for other in done - {task}:
-                            running.pop(other, None)
-                            await _adrop(other.result(), adiscard)
-                        return answer.unwrap()
-                    if last is not None:
-                        await _adrop(last, adiscard)
-                    last = answer
-                    if hedging and sent < self.policy.attempts:
-                        hedging = self._extra()
-                        if hedging:
-                            sent += 1
-                            launch(sent)
-                            next_at = loop.time() + delay
         finally:
             for task in running:
                 task.cancel()
             for result in await asyncio.gather(*running, return_exceptions=True):
                 if isinstance(result, Answer):  # it answered before the cancel reached it
-                    await _adrop(result, adiscard)
-        assert last is not None
-        return last.unwrap()
+                    race.dropped.append(result)
+        for dropped in race.dropped:
+            await _adrop(dropped, adiscard)
+        return race.answer()
+
+
+class _Race:
+    """One request's race, the same for both drivers: which copies go when, which
+    answer wins, which answers are dropped (HedgePolicy's rules, module comment)."""
+
+    __slots__ = (
+        "_clock",
+        "_final",
+        "delay",
+        "dropped",
+        "hedger",
+        "hedging",
+        "last",
+        "next_at",
+        "sent",
+        "winner",
+    )
+
+    def __init__(self, hedger: Hedger, final: Final, clock: Callable[[], float]) -> None:
+        self.hedger = hedger
+        self._final = final
+        self._clock = clock
+        hedger.budget.record_request()
+        self.delay = hedger.delay()
+        self.next_at = clock() + self.delay
+        self.sent = 1
+        self.hedging = True
+        self.last: Answer | None = None
+        self.winner: Answer | None = None
+        self.dropped: list[Answer] = []
+
+    def timeout(self) -> float | None:
+        """How long to wait for an answer before the next copy (None: for ever)."""
+        if self.hedging and self.sent < self.hedger.policy.attempts:
+            return max(0.0, self.next_at - self._clock())
+        return None
+
+    def _another(self) -> list[int]:
+        # One more copy if the policy and the budget allow it.
+        if not (self.hedging and self.sent < self.hedger.policy.attempts):
+            return []
+        self.hedging = self.hedger._extra()
+        if not self.hedging:
+            return []
+        self.sent += 1
+        self.next_at = self._clock() + self.delay
+        return [self.sent]
+
+    def next_copies(self, answers: list[Answer]) -> list[int]:
+        """The copies to send after a wait that ended with ``answers`` (none: the
+        delay passed); a final answer sets ``winner``."""
+        if not answers:
+            return self._another()
+        launch: list[int] = []
+        for answer in sorted(answers):
+            self.hedger._seen(answer)
+            if self.winner is not None:
+                self.dropped.append(answer)
+            elif self._final(answer):
+                self.winner = answer
+            else:
+                if self.last is not None:
+                    self.dropped.append(self.last)
+                self.last = answer
+                launch += self._another()  # a failure: the next copy at once
+        if self.winner is not None and self.last is not None:
+            self.dropped.append(self.last)
+            self.last = None
+        return [] if self.winner is not None else launch
+
+    def answer(self) -> Any:
+        """The winner's value (or its error raised), else the last failure's."""
+        answer = self.winner or self.last
+        assert answer is not None
+        return answer.unwrap()
 
 
 def _drop(answer: Answer, discard: Discard) -> None:

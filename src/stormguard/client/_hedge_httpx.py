@@ -7,18 +7,18 @@
 #     RetryTransport(HedgingTransport(), policy=...)
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from typing import Any, TypeVar
+from collections.abc import Collection
+from typing import Any
 
 import httpx
 
 from ..core._hedge import HedgePolicy
 from ._attempt import RETRY_ATTEMPT
 from ._hedge import Answer, Hedger
+from ._inner import Wrapping, numbered
 
 __all__ = ["HedgingTransport"]
 
-T = TypeVar("T")
 _READS = ("GET", "HEAD", "OPTIONS")
 
 
@@ -32,17 +32,7 @@ def _final(answer: Answer) -> bool:
 
 
 def _copy(request: httpx.Request, copy: int) -> httpx.Request:
-    if copy == 1:
-        return request
-    headers = request.headers.copy()
-    headers.setdefault(RETRY_ATTEMPT, str(copy))
-    return httpx.Request(
-        request.method,
-        request.url,
-        headers=headers,
-        stream=request.stream,
-        extensions=dict(request.extensions),
-    )
+    return request if copy == 1 else numbered(request, RETRY_ATTEMPT, copy, keep=True)
 
 
 def _close(response: httpx.Response) -> None:
@@ -53,7 +43,7 @@ async def _aclose(response: httpx.Response) -> None:
     await response.aclose()
 
 
-class HedgingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+class HedgingTransport(Wrapping):
     """An httpx transport that hedges idempotent reads (Dean & Barroso's hedged
     requests; gRPC A6 hedging).
 
@@ -80,26 +70,13 @@ class HedgingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         budget: Any = None,
         methods: Collection[str] = _READS,
     ) -> None:
-        self._inner = transport
-        self._sync_inner: httpx.BaseTransport | None = None
-        self._async_inner: httpx.AsyncBaseTransport | None = None
+        self._wrap(transport)
         self.policy = policy or HedgePolicy()
         self.hedger = Hedger(self.policy, budget=budget)
         self.methods = frozenset(method.upper() for method in methods)
 
-    def _wrapped(self, kind: type[T], default: Callable[[], T], otherwise: str) -> T:
-        if self._inner is None:
-            return default()
-        if isinstance(self._inner, kind):
-            return self._inner
-        raise TypeError(f"the inner transport is {otherwise}")
-
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._sync_inner
-        if inner is None:
-            inner = self._sync_inner = self._wrapped(
-                httpx.BaseTransport, httpx.HTTPTransport, "async-only; use httpx.AsyncClient"
-            )
+        inner = self._sync_inner or self._sync()
         if request.method not in self.methods:
             return inner.handle_request(request)
 
@@ -110,11 +87,7 @@ class HedgingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         return response
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        inner = self._async_inner
-        if inner is None:
-            inner = self._async_inner = self._wrapped(
-                httpx.AsyncBaseTransport, httpx.AsyncHTTPTransport, "sync-only; use httpx.Client"
-            )
+        inner = self._async_inner or self._async()
         if request.method not in self.methods:
             return await inner.handle_async_request(request)
 
@@ -126,14 +99,8 @@ class HedgingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def close(self) -> None:
         self.hedger.close()
-        if self._sync_inner is not None:
-            self._sync_inner.close()
-        elif isinstance(self._inner, httpx.BaseTransport):
-            self._inner.close()
+        super().close()
 
     async def aclose(self) -> None:
         self.hedger.close()
-        if self._async_inner is not None:
-            await self._async_inner.aclose()
-        elif isinstance(self._inner, httpx.AsyncBaseTransport):
-            await self._inner.aclose()
+        await super().aclose()

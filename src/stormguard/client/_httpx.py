@@ -31,6 +31,7 @@ from ._front import (
     with_bulkhead,
 )
 from ._http import body_worth_reading
+from ._inner import Wrapping, numbered
 
 __all__ = ["RetryTransport"]
 
@@ -125,7 +126,7 @@ def _body(response: httpx.Response) -> bytes | None:
     return _body_if_read(response) if response.status_code >= 400 else None
 
 
-class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
+class RetryTransport(HttpFront, Wrapping):
     """An httpx transport that retries by stormguard's decision table.
 
     >>> import httpx, stormguard
@@ -171,48 +172,10 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         **options: Unpack[FrontOptions],
     ) -> None:
-        self._inner = transport
-        self._sync_inner: httpx.BaseTransport | None = None
-        self._async_inner: httpx.AsyncBaseTransport | None = None
+        self._wrap(transport)
         self._configure("RetryTransport", options)
         # Lanes by host (the lane of each host's first origin; see _lane_by_host).
         self._hosts: dict[str, Lane] = {}
-
-    # -- delegation -------------------------------------------------------------
-
-    def _sync(self) -> httpx.BaseTransport:
-        if self._sync_inner is None:
-            self._sync_inner = self._wrapped(
-                httpx.BaseTransport, httpx.HTTPTransport, "async-only; use httpx.AsyncClient"
-            )
-        return self._sync_inner
-
-    def _async(self) -> httpx.AsyncBaseTransport:
-        if self._async_inner is None:
-            self._async_inner = self._wrapped(
-                httpx.AsyncBaseTransport, httpx.AsyncHTTPTransport, "sync-only; use httpx.Client"
-            )
-        return self._async_inner
-
-    def _wrapped(self, kind: type[T], default: Callable[[], T], otherwise: str) -> T:
-        # The inner transport for one protocol: the one given, or a default one.
-        if self._inner is None:
-            return default()
-        if isinstance(self._inner, kind):
-            return self._inner
-        raise TypeError(f"the inner transport is {otherwise}")
-
-    def close(self) -> None:
-        if self._sync_inner is not None:
-            self._sync_inner.close()
-        elif isinstance(self._inner, httpx.BaseTransport):
-            self._inner.close()
-
-    async def aclose(self) -> None:
-        if self._async_inner is not None:
-            await self._async_inner.aclose()
-        elif isinstance(self._inner, httpx.AsyncBaseTransport):
-            await self._inner.aclose()
 
     # -- the two front ends of the engine ---------------------------------------
     #
@@ -259,15 +222,7 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def numbered(request: Any, number: int) -> httpx.Request:
         """A copy of ``request`` carrying ``Retry-Attempt: number`` (same body stream,
         which is replayable: a one-shot body is never retried)."""
-        headers = request.headers.copy()
-        headers[RETRY_ATTEMPT] = str(number)
-        return httpx.Request(
-            request.method,
-            request.url,
-            headers=headers,
-            stream=request.stream,
-            extensions=dict(request.extensions),
-        )
+        return numbered(request, RETRY_ATTEMPT, number)
 
     def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
         def send() -> Outcome:
