@@ -20,6 +20,7 @@ from ._errors import (
     StormguardError,
     Throttled,
 )
+from .client._attempt import attempt_headers, current_attempt
 from .client._context import Attempt, Retrying, retrying
 from .client._decorator import retry
 from .client._driver import RetryRecord
@@ -35,6 +36,7 @@ from .core._backoff import (
 )
 from .core._body_hints import wait_hint_from_body
 from .core._headers import Quota, parse_rate_limits, parse_retry_after, wait_hint
+from .core._hedge import HedgePolicy
 from .core._limiters import (
     GCRA,
     Concurrency,
@@ -57,6 +59,8 @@ from .protection import (
     Cooldown,
     Pacer,
     RetryBudget,
+    RetryQuota,
+    RetryThrottling,
 )
 
 __version__ = "0.1.0"
@@ -85,6 +89,7 @@ __all__ = [
     "FullJitter",
     "GCRA",
     "GiveUpReason",
+    "HedgePolicy",
     "MissingExtra",
     "NoBackoff",
     "Pacer",
@@ -95,7 +100,9 @@ __all__ = [
     "RetryBudget",
     "RetryError",
     "RetryPolicy",
+    "RetryQuota",
     "RetryRecord",
+    "RetryThrottling",
     "Retrying",
     "ScenarioError",
     "SlidingWindowCounter",
@@ -104,7 +111,9 @@ __all__ = [
     "StormguardError",
     "Throttled",
     "TokenBucket",
+    "attempt_headers",
     "attempt_number",
+    "current_attempt",
     "parse_rate_limits",
     "parse_retry_after",
     "retry",

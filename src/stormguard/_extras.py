@@ -8,8 +8,13 @@ from ._errors import MissingExtra
 
 
 def require(module: str, extra: str) -> ModuleType:
-    """Import ``module`` or raise MissingExtra naming ``pip install 'stormguard[extra]'``."""
+    """Import ``module`` or raise MissingExtra naming ``pip install 'stormguard[extra]'``.
+
+    The error names the module that is missing: ``redis`` when ``redis.retry`` is
+    asked for without redis installed, not the submodule.
+    """
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise MissingExtra(module, extra) from exc
+        missing = getattr(exc, "name", None) or module
+        raise MissingExtra(missing, extra) from exc

@@ -43,11 +43,20 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _build() -> Any:
+# The extra each subcommand needs (`cli` has what mock and demo need).
+_EXTRAS = {"gateway": "gateway", "simulate": "sim"}
+
+
+def _extra_of(command: list[str] | None) -> str:
+    """The extra that makes ``stormguard COMMAND`` work (``cli`` by default)."""
+    return _EXTRAS.get(command[0], "cli") if command else "cli"
+
+
+def _build(command: list[str] | None = None) -> Any:
     try:
         import click
     except ImportError as exc:  # pragma: no cover - exercised without the extra
-        raise MissingExtra("click", "cli") from exc
+        raise MissingExtra("click", _extra_of(command)) from exc
 
     class LazyGroup(click.Group):
         def list_commands(self, ctx: click.Context) -> list[str]:
@@ -93,8 +102,9 @@ def _build() -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``stormguard`` console script."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        group = _build()
+        group = _build(args[:1])
     except MissingExtra as exc:
         print(f"stormguard: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

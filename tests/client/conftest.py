@@ -6,7 +6,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from http_support import ScriptedServer
+from http_support import ScriptedServer, Sender, send_httpx_async, send_httpx_sync, send_requests
 
 
 @pytest.fixture
@@ -26,3 +26,13 @@ def dead_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(
+    params=[send_httpx_sync, send_httpx_async, send_requests],
+    ids=["httpx", "httpx-async", "requests"],
+)
+def send(request: pytest.FixtureRequest) -> Sender:
+    """Each HTTP adapter in turn: one request through it (http_support's senders)."""
+    sender: Sender = request.param
+    return sender

@@ -7,10 +7,20 @@ body and the monotonic time of each request.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import requests
+
+from stormguard import RetryPolicy, RetryRecord
+from stormguard.httpx import RetryTransport
+from stormguard.requests import RetryAdapter
 
 
 @dataclass(frozen=True)
@@ -115,3 +125,113 @@ class ScriptedServer:
         """Stop serving."""
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+@dataclass
+class Result:
+    """What the caller got back."""
+
+    status: int | None
+    error: BaseException | None
+    records: list[RetryRecord]
+
+
+Sender = Callable[..., Result]
+
+
+def send_httpx_sync(
+    url: str,
+    *,
+    method: str = "GET",
+    policy: RetryPolicy,
+    clock: Any = None,
+    idempotency_keys: bool = False,
+    headers: dict[str, str] | None = None,
+    content: Any = None,
+    **options: Any,
+) -> Result:
+    """One request through httpx.Client + RetryTransport (``options``: its keywords)."""
+    records: list[RetryRecord] = []
+    transport = RetryTransport(
+        policy=policy,
+        clock=clock,
+        idempotency_keys=idempotency_keys,
+        on_retry=records.append,
+        **options,
+    )
+    with httpx.Client(transport=transport, timeout=10) as client:
+        try:
+            response = client.request(method, url, headers=headers, content=content)
+        except httpx.HTTPError as exc:
+            return Result(None, exc, records)
+        return Result(response.status_code, None, records)
+
+
+def send_httpx_async(
+    url: str,
+    *,
+    method: str = "GET",
+    policy: RetryPolicy,
+    clock: Any = None,
+    idempotency_keys: bool = False,
+    headers: dict[str, str] | None = None,
+    content: Any = None,
+    **options: Any,
+) -> Result:
+    """One request through httpx.AsyncClient + RetryTransport."""
+    records: list[RetryRecord] = []
+
+    async def go() -> Result:
+        transport = RetryTransport(
+            policy=policy,
+            clock=clock,
+            idempotency_keys=idempotency_keys,
+            on_retry=records.append,
+            **options,
+        )
+        body = content
+        if content is not None and not isinstance(content, bytes):
+            chunks = list(content)
+
+            async def agen() -> Any:
+                for chunk in chunks:
+                    yield chunk
+
+            body = agen()
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+            try:
+                response = await client.request(method, url, headers=headers, content=body)
+            except httpx.HTTPError as exc:
+                return Result(None, exc, records)
+            return Result(response.status_code, None, records)
+
+    return asyncio.run(go())
+
+
+def send_requests(
+    url: str,
+    *,
+    method: str = "GET",
+    policy: RetryPolicy,
+    clock: Any = None,
+    idempotency_keys: bool = False,
+    headers: dict[str, str] | None = None,
+    content: Any = None,
+    **options: Any,
+) -> Result:
+    """One request through requests.Session + RetryAdapter."""
+    records: list[RetryRecord] = []
+    adapter = RetryAdapter(
+        policy=policy,
+        clock=clock,
+        idempotency_keys=idempotency_keys,
+        on_retry=records.append,
+        **options,
+    )
+    with requests.Session() as session:
+        session.mount("http://", adapter)
+        try:
+            response = session.request(method, url, headers=headers, data=content, timeout=10)
+        except requests.RequestException as exc:
+            return Result(None, exc, records)
+        return Result(response.status_code, None, records)

@@ -368,3 +368,75 @@ def test_a_final_failure_on_the_first_attempt_is_not_a_give_up(
     with caplog.at_level(logging.INFO, logger="stormguard"), pytest.raises(RetryError):
         run_sync_or_async("sync", decorator, Flaky(error))
     assert [r for r in caplog.records if r.name == "stormguard"] == []
+
+
+class Results:
+    """Returns the scripted values in order (the last one repeats)."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+def run_results(kind: str, decorator: Callable[[Any], Any], results: Results) -> Any:
+    """Decorate ``results`` as a sync or an async function and call it once."""
+    if kind == "sync":
+        return decorator(lambda: results())()
+
+    async def coroutine() -> Any:
+        await asyncio.sleep(0)
+        return results()
+
+    return asyncio.run(decorator(coroutine)())
+
+
+@KINDS
+def test_retry_if_true_on_a_result_retries_the_call(kind: str) -> None:
+    """tenacity's retry_if_result: a value retry_if says True of is retried; the
+    first value it says False or None of is returned."""
+    results = Results({"status": "pending"}, {"status": "pending"}, {"status": "done"})
+    clock = FakeClock()
+
+    def retry_if(value: Any) -> bool | None:
+        return isinstance(value, dict) and value.get("status") == "pending"
+
+    decorator = retry(retry_if=retry_if, backoff=Constant(1, 1), clock=clock)
+    assert run_results(kind, decorator, results) == {"status": "done"}
+    assert results.calls == 3 and clock.sleeps == [1.0, 1.0]
+
+
+@KINDS
+def test_a_result_retried_until_attempts_run_out_is_kept_in_the_error(kind: str) -> None:
+    """Attempts exhausted on a value: RetryError, its last_result the last value."""
+    results = Results(None)
+    decorator = retry(
+        retry_if=lambda value: value is None, attempts=3, backoff=Constant(0, 0), clock=FakeClock()
+    )
+    with pytest.raises(RetryError) as info:
+        run_results(kind, decorator, results)
+    assert info.value.reason == GiveUpReason.ATTEMPTS_EXHAUSTED
+    assert results.calls == 3 and info.value.last_result is None and info.value.attempts == 3
+    assert info.value.last_exception is None
+
+
+@KINDS
+def test_without_retry_if_a_result_is_returned_at_once(kind: str) -> None:
+    """No retry_if: whatever the function returns ends the call (one call)."""
+    results = Results(None, "later")
+    decorator = retry(backoff=Constant(0, 0), clock=FakeClock())
+    assert run_results(kind, decorator, results) is None and results.calls == 1
+
+
+@KINDS
+def test_retry_if_on_results_works_with_a_budget(kind: str) -> None:
+    """With a budget (the engine's general lane, not the fast one) results are judged too."""
+    results = Results(0, 0, 7)
+    budget = stormguard.RetryBudget(clock=FakeClock())
+    decorator = retry(
+        retry_if=lambda value: value == 0, budget=budget, backoff=Constant(0, 0), clock=FakeClock()
+    )
+    assert run_results(kind, decorator, results) == 7 and results.calls == 3

@@ -18,6 +18,9 @@ from stormguard.grpc import AsyncRetryInterceptor, RetryInterceptor
 from stormguard.testing import FakeClock
 
 METHOD = "/demo.Payments/Charge"
+# gRPC's own retries off, so stormguard decides alone (and grpcio passes the
+# interceptor's grpc-previous-rpc-attempts on: its own retry filter drops it).
+NO_CORE_RETRIES = (("grpc.enable_retries", 0),)
 
 
 @dataclass
@@ -91,7 +94,7 @@ def call_sync(port: int, **kwargs: Any) -> Outcome:
     """One unary call through a sync channel with RetryInterceptor."""
     records: list[RetryRecord] = []
     interceptor = RetryInterceptor(on_retry=records.append, **kwargs)
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=NO_CORE_RETRIES) as channel:
         stub = grpc.intercept_channel(channel, interceptor).unary_unary(METHOD)
         try:
             return Outcome(grpc.StatusCode.OK, stub(b"5", timeout=10), records)
@@ -106,7 +109,7 @@ def call_async(port: int, **kwargs: Any) -> Outcome:
     async def go() -> Outcome:
         interceptor = AsyncRetryInterceptor(on_retry=records.append, **kwargs)
         async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", interceptors=[interceptor]
+            f"127.0.0.1:{port}", interceptors=[interceptor], options=NO_CORE_RETRIES
         ) as channel:
             stub = channel.unary_unary(METHOD)
             try:
@@ -256,3 +259,12 @@ def test_retry_if_cannot_retry_an_unsafe_method(server: Server, call: Any) -> No
     server.play(UNAVAILABLE, grpc.StatusCode.OK)
     result = call(server.port, policy=FAST, retry_if=lambda outcome: True, clock=FakeClock())
     assert result.code == UNAVAILABLE and len(server.script.seen) == 1
+
+
+def test_each_retry_says_how_many_attempts_came_before(server: Server, call: Any) -> None:
+    """gRPC A6: no grpc-previous-rpc-attempts on the first attempt, then 1 and 2."""
+    server.play(UNAVAILABLE, UNAVAILABLE, grpc.StatusCode.OK)
+    outcome = call(server.port, policy=FAST, idempotent=True, clock=FakeClock())
+    assert outcome.code == grpc.StatusCode.OK
+    previous = [seen.get("grpc-previous-rpc-attempts") for seen in server.script.seen]
+    assert previous == [None, "1", "2"]

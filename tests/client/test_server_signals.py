@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import test_http_adapters as adapters
-from http_support import ScriptedServer, Step
-from test_http_adapters import FAST, Sender
+from http_support import ScriptedServer, Sender, Step
+from test_http_adapters import FAST
 
 from stormguard import RetryPolicy
 from stormguard.testing import FakeClock
 
 WALL = 1_700_000_000  # FakeClock's wall time at monotonic 0
 
-
-send = adapters.send  # the fixture: each adapter in turn
+# (`send`, each adapter in turn, is tests/client/conftest.py's fixture)
 
 
 def test_github_403_with_remaining_0_is_retried_after_the_reset(

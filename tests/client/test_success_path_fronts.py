@@ -272,19 +272,20 @@ def test_a_busy_lane_still_marks_its_origin_recently_used(
 
 
 @pytest.mark.parametrize(
-    ("parts", "inline"),
-    [({}, True), ({"budget": False}, False), ({"bulkhead": False}, False)],
+    ("parts", "counts_itself"),
+    [({}, True), ({"budget": False}, False), ({"bulkhead": False}, True)],
 )
-def test_only_a_gate_with_every_part_is_written_out_inline(
-    parts: dict[str, Any], inline: bool
+def test_only_a_gate_with_a_budget_tells_the_registry_itself(
+    parts: dict[str, Any], counts_itself: bool
 ) -> None:
-    """Defaults: the lane's gate is entered inline; a gate missing a part, by its methods."""
+    """Every lock-free gate is entered by its methods; one with a budget tells the
+    registry from its budget's batches, the others' lanes count their requests."""
     transport = RetryTransport(
         httpx.MockTransport(lambda request: httpx.Response(200)), guards=OriginGuards(**parts)
     )
     lane = transport.lane_of(ORIGIN, httpx.URL(ORIGIN), str)
     assert isinstance(lane.gate, QuickGuard)
-    assert (lane.quick is lane.gate) is inline
+    assert (lane.quick is lane.gate) is counts_itself
 
 
 class Interrupted(BaseException):

@@ -153,3 +153,18 @@ def test_state_tracks_attempts_and_previous_wait() -> None:
     """after_wait counts the attempt and remembers the wait for decorrelated jitter."""
     state = RetryState(started_at=3.0).after_wait(1.5).after_wait(2.0)
     assert (state.attempts, state.previous_wait, state.started_at) == (3, 2.0, 3.0)
+
+
+def test_a_throttling_failure_draws_from_the_throttle_backoff(rng: random.Random) -> None:
+    """throttle_backoff set: a throttled failure waits its draw, any other the backoff's."""
+    policy = RetryPolicy(backoff=Constant(0.05, 0.05), throttle_backoff=Constant(1, 1))
+    state = RetryState(started_at=0.0)
+    throttled = decide(policy, state, RetryFailure(True, "429", throttled=True), now=0.0, rng=rng)
+    transient = decide(policy, state, RetryFailure(True, "503"), now=0.0, rng=rng)
+    assert throttled == Retry(1.0) and transient == Retry(0.05)
+
+
+def test_a_throttle_backoff_must_be_a_backoff() -> None:
+    """throttle_backoff without a delay() method fails at construction, naming the field."""
+    with pytest.raises(ConfigError, match="throttle_backoff"):
+        RetryPolicy(throttle_backoff=5)  # type: ignore[arg-type]

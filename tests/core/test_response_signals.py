@@ -218,3 +218,28 @@ def test_response_signals_in_one_pass() -> None:
     """response_signals returns the table status, the verdict and the hint together."""
     headers = {**PRIMARY, "x-should-retry": "true"}
     assert response_signals(403, headers, now=NOW) == (429, True, 30.0)
+
+
+def test_x_amz_retry_after_is_a_hint_in_milliseconds() -> None:
+    """AWS's x-amz-retry-after: 1500 asks for 1.5 s (like retry-after-ms)."""
+    assert wait_hint(503, {"x-amz-retry-after": "1500"}, now=NOW) == 1.5
+
+
+@pytest.mark.parametrize(
+    "error_type",
+    [
+        "ThrottlingException",
+        "ThrottlingException:http://internal.amazon.com/coral/com.amazon.coral.availability/",
+        "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+    ],
+)
+def test_an_aws_throttling_error_on_a_400_reads_as_429(error_type: str) -> None:
+    """x-amzn-ErrorType naming a throttling code makes a 400 a refusal (a 429)."""
+    signals = response_signals(400, {"x-amzn-ErrorType": error_type}, now=NOW)
+    assert signals.status == 429
+
+
+def test_an_aws_validation_error_stays_a_400() -> None:
+    """Any other error type is the caller's own mistake: the 400 stays."""
+    headers = {"x-amzn-ErrorType": "ValidationException"}
+    assert response_signals(400, headers, now=NOW).status == 400

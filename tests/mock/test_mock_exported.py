@@ -20,6 +20,7 @@ def test_public_names() -> None:
         "check_journal",
         "load_scenario",
         "parse_scenario",
+        "vendor_scenario",
     ]
     for name in stormguard.mock.__all__:
         assert getattr(stormguard.mock, name).__module__.startswith("stormguard.mock.")

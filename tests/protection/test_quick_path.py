@@ -304,8 +304,9 @@ def test_a_caller_that_just_missed_a_free_slot_gets_it_once_queued() -> None:
     assert bulkhead.in_flight == 1 and bulkhead.waiting == 0
 
 
-def test_a_slow_call_breaker_judges_each_duration_on_the_general_path() -> None:
-    """slow_call set: no lock-free gate; successes slower than it still open the breaker."""
+def test_a_slow_call_breaker_judges_each_duration_through_the_gate() -> None:
+    """slow_call set: the lock-free gate settles through CircuitBreaker.settle, which
+    judges each duration, so successes slower than it still open the breaker."""
     clock = FakeClock()
 
     def slow(request: httpx.Request) -> httpx.Response:
@@ -314,7 +315,7 @@ def test_a_slow_call_breaker_judges_each_duration_on_the_general_path() -> None:
 
     parts = {"breaker": {"slow_call": 1.0, "min_calls": 3}, "budget": False}
     transport = _transport(slow, clock, parts=parts)
-    assert isinstance(_gate(transport), _General)
+    assert isinstance(_gate(transport), QuickGuard)
     with httpx.Client(transport=transport) as client:
         for _ in range(3):
             assert client.get(ORIGIN).status_code == 200

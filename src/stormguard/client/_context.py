@@ -15,6 +15,7 @@ from typing import Unpack
 
 from .._scope import ExcInfo
 from ..core._engine import Outcome
+from ._attempt import numbered, unnumbered
 from ._decorator import Config, RetryOptions, conclude, configure
 from ._driver import Run
 
@@ -31,7 +32,17 @@ class Attempt:
     the loop, which awaits it, and ``async with attempt:`` does it at the block's end.
     """
 
-    __slots__ = ("_config", "_run", "_sync", "driven", "finished", "number", "outcome", "wait")
+    __slots__ = (
+        "_config",
+        "_run",
+        "_sync",
+        "_token",
+        "driven",
+        "finished",
+        "number",
+        "outcome",
+        "wait",
+    )
 
     def __init__(self, run: Run, config: Config, *, sync: bool) -> None:
         self._run = run
@@ -42,6 +53,7 @@ class Attempt:
         self.driven = False  # the block's exit already drove the call on
         self.outcome: Outcome | None = None
         self.wait = 0.0
+        self._token: object | None = None
 
     def __repr__(self) -> str:
         target = self._run.target
@@ -76,9 +88,13 @@ class Attempt:
         return False
 
     def __enter__(self) -> Attempt:
+        # Inside the block, stormguard.current_attempt() is this attempt's number.
+        self._token = numbered(self.number)
         return self
 
     def __exit__(self, *exc_info: *ExcInfo) -> bool:
+        unnumbered(self._token)
+        self._token = None
         outcome = self._report(exc_info[1])
         if outcome is None:
             if self._sync:  # in `async for`, the loop gives the permit back (awaited)
@@ -89,9 +105,11 @@ class Attempt:
         return self._after(self._run.advance(self._run.sent(outcome)), outcome, exc_info[1])
 
     async def __aenter__(self) -> Attempt:
-        return self
+        return self.__enter__()
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
+        unnumbered(self._token)
+        self._token = None
         outcome = self._report(exc_info[1])
         if outcome is None:
             await self._run.arelease()

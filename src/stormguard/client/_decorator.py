@@ -18,6 +18,7 @@ from .._errors import ConfigError, RetryError
 from ..core._backoff import Backoff
 from ..core._engine import Finish, Outcome
 from ..core._policy import RetryFailure, RetryPolicy
+from ._attempt import numbered, unnumbered
 from ._driver import Detail, Engine, RetryHook
 from ._front import excerpt, exhausted_quota
 from ._http import BODY_HINT_STATUSES, response_failure
@@ -52,6 +53,17 @@ class _Judge:
             self._predicate = on
         else:
             raise ConfigError("on", f"must be exception classes or a predicate, got {on!r}")
+
+    def result(self, value: Any) -> Outcome:
+        """The Outcome of an attempt that returned ``value``: a failure to retry
+        when the policy's ``retry_if`` says True of it (tenacity's
+        ``retry_if_result``), else the call's answer."""
+        predicate = self._policy.retry_if
+        if predicate is None or predicate(value) is not True:
+            return Outcome(None, False, value)
+        reason = f"retry_if on the result ({type(value).__name__})"
+        # (no subject: the predicate has spoken; decide() does not ask it again)
+        return Outcome(RetryFailure(True, reason), False, value)
 
     def __call__(self, exc: BaseException) -> Outcome:
         """The Outcome of an attempt that raised ``exc``."""
@@ -93,6 +105,7 @@ class _Judge:
             should_retry=judged.should_retry,
             repeat_unsafe=judged.repeat_unsafe,
             subject=exc,
+            throttled=judged.throttled,
         ), detail
 
 
@@ -239,6 +252,7 @@ def conclude(finish: Finish, policy: RetryPolicy) -> Any:
         give_up.reason,
         attempts=finish.attempts,
         last_exception=last,
+        last_result=finish.outcome.value if last is None else None,
         hint=give_up.hint,
         response_body=body,
         quota=quota,
@@ -272,7 +286,16 @@ def retry(
     POST without an ``Idempotency-Key`` only on 429).
 
     ``retry_if`` is called with each exception matched by ``on`` and returns
-    ``True`` (retry it), ``False`` (never) or ``None`` (the table decides).
+    ``True`` (retry it), ``False`` (never) or ``None`` (the table decides). It is
+    also called with each value the function returns (tenacity's
+    ``retry_if_result``): ``True`` retries the call as a failure, ``False`` or
+    ``None`` returns the value. When the policy gives up on a value, the
+    :class:`RetryError` carries it as ``last_result`` (``reraise`` has no
+    exception to raise then, and raises the RetryError).
+
+    The attempt being made is :func:`stormguard.current_attempt` inside the
+    function (2 on the first retry); :func:`stormguard.attempt_headers` gives the
+    ``Retry-Attempt`` header a retry sends over HTTP.
 
     When it stops it raises :class:`RetryError` with ``reason`` (attempts
     exhausted, deadline, hint too long, not retryable, retry budget exhausted,
@@ -294,6 +317,9 @@ def retry(
     # once an attempt has failed. The deadline still counts from before the first
     # attempt.
     fast = resolved.breaker is None and resolved.budget is None
+    # With a retry_if the fast lane asks it of the value returned (a result it
+    # says True of is retried like a failure).
+    judged = resolved.retry_if is not None
     now = engine.clock.monotonic
 
     def decorate(func: Callable[P, T]) -> Callable[P, T]:
@@ -306,10 +332,13 @@ def retry(
                 started: float, first: Outcome | None, args: Any, kwargs: Any
             ) -> Any:
                 async def asend() -> Outcome:
+                    token = numbered(run.conversation.attempts)
                     try:
-                        return Outcome(None, False, await afunc(*args, **kwargs))
+                        return judge.result(await afunc(*args, **kwargs))
                     except Exception as exc:
                         return judge(exc)
+                    finally:
+                        unnumbered(token)
 
                 run = engine.start(resolved, target=target, started_at=started)
                 return conclude(await run.arun(asend, first), resolved)
@@ -319,19 +348,28 @@ def retry(
                 started = now()
                 if fast:
                     try:
-                        return await afunc(*args, **kwargs)
+                        value = await afunc(*args, **kwargs)
                     except Exception as exc:
                         return await aretried(started, judge(exc), args, kwargs)
+                    if not judged:
+                        return value
+                    first = judge.result(value)
+                    if first.failure is None:
+                        return value
+                    return await aretried(started, first, args, kwargs)
                 return await aretried(started, None, args, kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         def retried(started: float, first: Outcome | None, args: Any, kwargs: Any) -> Any:
             def send() -> Outcome:
+                token = numbered(run.conversation.attempts)
                 try:
-                    return Outcome(None, False, func(*args, **kwargs))
+                    return judge.result(func(*args, **kwargs))
                 except Exception as exc:
                     return judge(exc)
+                finally:
+                    unnumbered(token)
 
             run = engine.start(resolved, target=target, started_at=started)
             return conclude(run.run(send, first), resolved)
@@ -343,10 +381,17 @@ def retry(
             started = now()
             if fast:
                 try:
-                    return func(*args, **kwargs)
+                    value = func(*args, **kwargs)
                 except Exception as exc:
                     result: T = retried(started, judge(exc), args, kwargs)
                     return result
+                if not judged:
+                    return value
+                first = judge.result(value)
+                if first.failure is None:
+                    return value
+                result = retried(started, first, args, kwargs)
+                return result
             result = retried(started, None, args, kwargs)
             return result
 

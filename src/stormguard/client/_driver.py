@@ -27,6 +27,7 @@ from ..core._engine import (
     DISCARD,
     GIVE_UP,
     NOTIFY,
+    OUTCOME,
     PACE,
     PEEK,
     RECORD,
@@ -38,6 +39,7 @@ from ..core._engine import (
     Notice,
     Outcome,
     Steps,
+    records_outcomes,
 )
 from ..core._policy import GiveUp, Retry, RetryPolicy
 from ..core._ratelimit_headers import Quota
@@ -337,7 +339,10 @@ class Run:
                 peek = getattr(policy.breaker, "open_remaining", None)
                 reply = 0.0 if peek is None else peek()
             elif effect is SPEND:
-                reply = policy.budget.try_retry()
+                reply = _spend(policy.budget, arg)
+            elif effect is OUTCOME:
+                policy.budget.record_outcome(**arg._asdict())
+                reply = None
             elif effect is DISCARD:
                 if self._discard is not None:
                     self._discard[0](arg)
@@ -402,7 +407,13 @@ class Run:
                 has_peek = hasattr(policy.breaker, "open_remaining")
                 reply = await _twin(policy.breaker, "open_remaining") if has_peek else 0.0
             elif effect is SPEND:
-                reply = bool(await _twin(policy.budget, "try_retry"))
+                budget = policy.budget
+                if records_outcomes(budget):
+                    reply = _spend(budget, arg)
+                else:
+                    reply = bool(await _twin(budget, "try_retry"))
+            elif effect is OUTCOME:
+                reply = await _twin(policy.budget, "record_outcome", **arg._asdict())
             elif effect is DISCARD:
                 if self._discard is not None:
                     await self._discard[1](arg)
@@ -418,6 +429,13 @@ class Run:
         permit, self.permit = self.permit, None
         if permit is not None and hasattr(permit, "release"):
             await _twin(permit, "release")
+
+
+def _spend(budget: Any, failure: Any) -> bool:
+    # SPEND: a budget that prices retries (records_outcomes) hears what failed.
+    if records_outcomes(budget):
+        return bool(budget.try_retry(throttled=failure.throttled))
+    return bool(budget.try_retry())
 
 
 async def _twin(obj: Any, name: str, **kwargs: Any) -> Any:

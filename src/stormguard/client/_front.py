@@ -15,7 +15,7 @@ from typing import Any
 from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import BulkheadFull, ConfigError
 from ..core._body_hints import MAX_BODY
-from ..core._engine import Outcome
+from ..core._engine import Outcome, records_outcomes
 from ..core._outcome import Failure
 from ..core._policy import RetryFailure, RetryPolicy
 from ..core._ratelimit_headers import Quota, parse_rate_limits
@@ -138,6 +138,11 @@ class HttpFront:
     @staticmethod
     def replayable(request: Any) -> bool:
         """Whether the library's request has a body that can be sent again."""
+        raise NotImplementedError
+
+    @staticmethod
+    def numbered(request: Any, number: int) -> Any:
+        """A copy of the library's request carrying ``Retry-Attempt: number``."""
         raise NotImplementedError
 
     def _configure(self, owner: str, options: FrontOptions) -> None:
@@ -284,6 +289,7 @@ class Lane:
         "max_wait",
         "observes",
         "origin",
+        "outcomes",
         "paced",
         "policy",
         "port",
@@ -317,6 +323,8 @@ class Lane:
         self.policy = policy = policy if guard is None else guard.policy(policy)
         self.breaker = policy.breaker
         self.budget = policy.budget
+        # A budget that hears every answer (a quota): a first attempt's success is told.
+        self.outcomes = records_outcomes(self.budget)
         self.aadmit = getattr(self.breaker, "aacquire", None)
         self.acount = getattr(self.budget, "arecord_request", None)
         self.deadline = policy.deadline_s
@@ -329,8 +337,9 @@ class Lane:
         # Anything to do before the send at all (count, pace, admit)?
         self.protected = self.paced or self.breaker is not None or self.budget is not None
         self.gate: QuickGuard | _General | None = _GENERAL
-        # The gate when it is the lock-free one with every part (written out inline
-        # on RetryTransport's success path).
+        # The gate when it is the lock-free one with a budget: it tells the registry
+        # the origin is in use whenever it counts its budget's batch, so the
+        # front end need not count the lane's requests (see touched()).
         self.quick: QuickGuard | None = None
         if general:
             return
@@ -341,7 +350,7 @@ class Lane:
             # (a policy's own breaker or budget is taken by the general path)
             quick = quick_guard(guard, monotonic, touch)
             self.gate = quick or _GENERAL
-            if quick is not None and quick.parts:
+            if quick is not None and quick.budget is not None:
                 self.quick = quick
 
     def abandon(self) -> None:
@@ -474,6 +483,17 @@ class HttpCall:
     def remaining(self) -> float:
         """Seconds left before the call's deadline (``inf`` without one)."""
         return self.lane.deadline - (self.front.monotonic() - self.started)
+
+    def attempt(self) -> Any:
+        """The request to send now: the call's own for a first attempt; for a retry
+        a copy that says which attempt it is (``Retry-Attempt: N``, 2 on the first
+        retry; client/_attempt.py), so the caller's request object is left as it
+        was given (it may be sent again, as a first attempt)."""
+        run = self._run
+        if run is None:
+            return self.request
+        number = run.conversation.attempts
+        return self.request if number < 2 else self.front.numbered(self.request, number)
 
     def slot(self) -> contextlib.AbstractContextManager[None]:
         """The origin's bulkhead slot for one attempt (waits at most the deadline)."""
@@ -632,6 +652,8 @@ def first_attempt(call: HttpCall, send: Callable[[], Outcome]) -> Any:
     if permit is not None:
         permit.record(failure=outcome[1])
     if outcome[0] is None:
+        if lane.outcomes:
+            lane.budget.record_outcome(success=True)
         return outcome.result()
     return call.run.run(send, first=outcome).result()
 
@@ -692,6 +714,8 @@ async def afirst_attempt(call: HttpCall, asend: Callable[[], Awaitable[Outcome]]
         else:
             permit.record(failure=outcome[1])
     if outcome[0] is None:
+        if lane.outcomes:
+            lane.budget.record_outcome(success=True)
         return outcome.result()
     return (await call.run.arun(asend, first=outcome)).result()
 

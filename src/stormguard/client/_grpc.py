@@ -14,7 +14,8 @@
 # `grpc-retry-pushback-ms`, as in gRPC's retry design; a negative value means
 # "do not retry"; or `retry-after` in seconds), else the backoff draw. Each
 # attempt's timeout is cut to the time left before the policy's deadline.
-# Streaming calls are not intercepted: a stream cannot be replayed safely.
+# Streaming calls are not intercepted: a stream cannot be replayed safely. A retry
+# carries `grpc-previous-rpc-attempts: N-1` in its metadata (gRPC A6).
 #
 # Per-target cooldown (as the HTTP adapters' per-origin one): an UNAVAILABLE or
 # RESOURCE_EXHAUSTED answer with a wait hint pauses the target, and every call to
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -38,11 +39,13 @@ from ..core._engine import Outcome
 from ..core._headers import parse_retry_after
 from ..core._policy import RetryFailure, RetryPolicy
 from ..protection._origin import OriginGuard, OriginGuards, Setting, process_guards
+from ._attempt import GRPC_PREVIOUS_ATTEMPTS
 from ._driver import Engine, RetryHook, Run
 from ._front import with_retry_if
+from ._grpc_config import MethodSettings, ServiceConfig
 from ._http import new_idempotency_key
 
-__all__ = ["AsyncRetryInterceptor", "RetryInterceptor"]
+__all__ = ["AsyncRetryInterceptor", "RetryInterceptor", "method_predicate"]
 
 DEFAULT_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _REFUSED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -59,6 +62,7 @@ _SERVER_FAULTS = frozenset(
 # Codes whose wait hint pauses the target (gRPC's 503 and 429).
 _COOLDOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _KEY = "idempotency-key"
+_MAX_METHODS = 1024  # methods whose service-config policy an interceptor keeps
 _PUSHBACK = "grpc-retry-pushback-ms"
 
 
@@ -103,6 +107,28 @@ def _pushback(
     return False, None
 
 
+def method_predicate(
+    methods: bool | Collection[str] | Callable[[str], bool],
+) -> Callable[[str], bool]:
+    """Which full method names ``methods`` covers: all or none (a bool), a set of
+    names, or a predicate of the name."""
+    if isinstance(methods, bool):
+        flag = methods
+        return lambda method: flag
+    if callable(methods):
+        return methods
+    return frozenset(methods).__contains__
+
+
+def _numbered(metadata: list[tuple[str, Any]], run: Run) -> list[tuple[str, Any]]:
+    """The call's metadata for this attempt: a retry says how many attempts came
+    before it (``grpc-previous-rpc-attempts``, gRPC A6: 1 on the first retry)."""
+    previous = run.conversation.attempts - 1
+    if previous < 1:
+        return metadata
+    return [*metadata, (GRPC_PREVIOUS_ATTEMPTS, str(previous))]
+
+
 def _pushed_back(trailers: Iterable[tuple[str, Any]] | None) -> bool:
     """Whether the answer carries a pushback trailer (a refusal, not a server fault)."""
     return any(name.lower() == _PUSHBACK for name, _ in trailers or ())
@@ -125,16 +151,14 @@ class _Base:
         cooldown: Setting = True,
         target: str | None = None,
         guards: OriginGuards | None = None,
+        service_config: str | Mapping[str, Any] | None = None,
     ) -> None:
         self.policy = with_retry_if(policy, retry_if)
-        if isinstance(idempotent, bool):
-            flag = idempotent
-            self._idempotent: Callable[[str], bool] = lambda method: flag
-        elif callable(idempotent):
-            self._idempotent = idempotent
-        else:
-            names = frozenset(idempotent)
-            self._idempotent = names.__contains__
+        # The channel's service config (client/_grpc_config.py): per-method
+        # policies, codes and hedging, and the retry throttling of every call.
+        self.service_config = None if service_config is None else ServiceConfig(service_config)
+        self._methods: dict[str, tuple[RetryPolicy, frozenset[grpc.StatusCode], bool]] = {}
+        self._idempotent = method_predicate(idempotent)
         self.retry_codes = frozenset(retry_codes)
         self.idempotency_keys = idempotency_keys
         self.hooks: tuple[RetryHook, ...] = (on_retry,) if callable(on_retry) else tuple(on_retry)
@@ -174,6 +198,22 @@ class _Base:
             self._generation = registry.generation
         return guard
 
+    def _method(self, method: str) -> tuple[RetryPolicy, frozenset[grpc.StatusCode], bool]:
+        """The policy, the retryable codes and whether the config vouches for
+        repeating ``method`` (its own retryPolicy lists the codes)."""
+        config = self.service_config
+        if config is None:
+            return self.policy, self.retry_codes, False
+        known = self._methods.get(method)
+        if known is None:
+            settings = config.for_method(method) or MethodSettings()
+            policy = settings.policy(self.policy, config.throttling)
+            codes = self.retry_codes if settings.codes is None else settings.codes
+            if len(self._methods) >= _MAX_METHODS:
+                self._methods.clear()
+            known = self._methods[method] = (policy, codes, settings.codes is not None)
+        return known
+
     def _begin(self, details: Any) -> tuple[Run, list[tuple[str, Any]], bool, OriginGuard | None]:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         metadata = list(details.metadata or ())
@@ -183,8 +223,14 @@ class _Base:
             has_key = True
         guard = self._target_guard()
         pace = None if guard is None else (guard.wait_before, guard.await_before)
-        run = self.engine.start(self.policy, target=f"gRPC {method}", pace=pace)
-        return run, metadata, has_key or self._idempotent(method), guard
+        policy, _, vouched = self._method(method)
+        run = self.engine.start(policy, target=f"gRPC {method}", pace=pace)
+        return run, metadata, has_key or vouched or self._idempotent(method), guard
+
+    def _codes(self, details: Any) -> frozenset[grpc.StatusCode]:
+        """The retryable codes of the call's method."""
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        return self._method(method)[1]
 
     @staticmethod
     def _pause(outcome: Outcome, code: grpc.StatusCode) -> float | None:
@@ -204,20 +250,30 @@ class _Base:
         return remaining if details.timeout is None else min(details.timeout, remaining)
 
     def _judge(
-        self, outcome: Any, code: grpc.StatusCode, trailers: Any, details: Any, safe: bool
+        self,
+        outcome: Any,
+        code: grpc.StatusCode,
+        trailers: Any,
+        details: Any,
+        safe: bool,
+        codes: frozenset[grpc.StatusCode] | None = None,
     ) -> Outcome:
-        """One call's answer as the engine's Outcome (server faults count for a breaker)."""
+        """One call's answer as the engine's Outcome (server faults count for a breaker);
+        ``codes``: the method's retryable codes (default: the interceptor's)."""
+        if codes is None:
+            codes = self.retry_codes
         if code == grpc.StatusCode.OK:
             return Outcome(None, False, outcome)
         refused = code in _REFUSED  # the server did not process it (like HTTP 429)
         forbidden, hint = _pushback(trailers, self.engine.clock.time())
         failure = RetryFailure(
-            code in self.retry_codes and not forbidden and (safe or refused),
+            code in codes and not forbidden and (safe or refused),
             f"gRPC {code.name}",
             hint,
             should_retry=False if forbidden else None,
             repeat_unsafe=not (safe or refused),
             subject=Answer(code, details, tuple(trailers or ())),
+            throttled=refused,
         )
         fault = code in _SERVER_FAULTS and not _pushed_back(trailers)
         return Outcome(failure, fault, outcome)
@@ -246,6 +302,17 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     shared by every interceptor naming it through the same guards: the process-wide
     ones by default, or ``guards=``); without it the pause covers this
     interceptor's calls only.
+
+    ``service_config``: the channel's gRPC service config (JSON text or the parsed
+    mapping), read as gRPC reads it (A6): a method's ``retryPolicy`` sets its
+    attempts (at most 5), backoff (``random(0, min(initialBackoff *
+    backoffMultiplier**(n-1), maxBackoff))``) and the codes retried for it
+    whatever ``idempotent`` says; a method the config names without one is not
+    retried; ``timeout`` is the call's deadline across attempts;
+    ``retryThrottling`` (``maxTokens``, ``tokenRatio``) throttles the retries of
+    every call (:class:`stormguard.RetryThrottling`). Build the channel with
+    :func:`stormguard.grpc.channel_options` so gRPC does not retry the same calls
+    too. A retry carries ``grpc-previous-rpc-attempts: N-1`` (gRPC A6).
     """
 
     def intercept_unary_unary(
@@ -253,12 +320,13 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
     ) -> Any:
         run, metadata, safe, guard = self._begin(client_call_details)
         d = client_call_details
+        codes = self._codes(d)
 
         def send() -> Outcome:
             details = _SyncDetails(
                 d.method,
                 self._timeout(d, run),
-                metadata,
+                _numbered(metadata, run),
                 d.credentials,
                 getattr(d, "wait_for_ready", None),
                 getattr(d, "compression", None),
@@ -266,7 +334,7 @@ class RetryInterceptor(_Base, grpc.UnaryUnaryClientInterceptor):  # type: ignore
             outcome = continuation(details, request)
             code = outcome.code()
             trailers = outcome.trailing_metadata()
-            judged = self._judge(outcome, code, trailers, outcome.details(), safe)
+            judged = self._judge(outcome, code, trailers, outcome.details(), safe, codes)
             pause = None if guard is None else self._pause(judged, code)
             if pause is not None:
                 assert guard is not None
@@ -288,15 +356,20 @@ class AsyncRetryInterceptor(_Base, grpc.aio.UnaryUnaryClientInterceptor):  # typ
     ) -> Any:
         run, metadata, safe, guard = self._begin(client_call_details)
         d = client_call_details
+        codes = self._codes(d)
 
         async def asend() -> Outcome:
             details = grpc.aio.ClientCallDetails(
-                d.method, self._timeout(d, run), metadata, d.credentials, d.wait_for_ready
+                d.method,
+                self._timeout(d, run),
+                _numbered(metadata, run),
+                d.credentials,
+                d.wait_for_ready,
             )
             outcome = await continuation(details, request)
             code = await outcome.code()
             trailers = await outcome.trailing_metadata()
-            judged = self._judge(outcome, code, trailers, await outcome.details(), safe)
+            judged = self._judge(outcome, code, trailers, await outcome.details(), safe, codes)
             pause = None if guard is None else self._pause(judged, code)
             if pause is not None:
                 assert guard is not None

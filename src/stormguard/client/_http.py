@@ -97,10 +97,17 @@ def response_failure(
     if status < 400:
         return None
     effective, verdict_of_server, hint = response_signals(status, headers, now=wall_now)
+    # A keyed request's 409 with a Retry-After is an idempotency layer's "the first
+    # request with this key is still running" (stormguard's IdempotencyMiddleware
+    # and gateway answer so): this copy was not processed, and once the first ends
+    # the same key gets its stored answer. It is retried after the hint by default
+    # (Stripe's and OpenAI's SDKs retry 409 too); retry_if=False can refuse it.
+    in_flight = effective == 409 and has_key and hint is not None
     if (
         effective not in policy.retry_statuses
         and verdict_of_server is not True
         and policy.retry_if is None
+        and not in_flight
     ):
         return None  # a final answer such as 400 or 404 is returned as it is
     verdict = classify_status(
@@ -108,16 +115,19 @@ def response_failure(
     )
     if hint is None and body:
         hint = wait_hint_from_body(body, content_type)
-    refused = effective in NOT_PROCESSED_STATUSES  # the server did not process it
+    refused = effective in NOT_PROCESSED_STATUSES or in_flight  # the server did not process it
     unsafe = not refused and not is_idempotent(method, has_idempotency_key=has_key)
     reason = f"status {status}" if effective == status else f"status {status} (rate limited)"
+    if in_flight:
+        reason = "status 409 (the same key is in flight)"
     return RetryFailure(
-        verdict is Verdict.RETRY,
+        verdict is Verdict.RETRY or in_flight,
         reason,
         hint,
         should_retry=verdict_of_server,
         repeat_unsafe=unsafe,
         subject=subject,
+        throttled=effective == 429,
     )
 
 

@@ -15,6 +15,7 @@ import httpx
 
 from ..core._engine import Outcome
 from ..core._outcome import Failure
+from ._attempt import RETRY_ATTEMPT
 from ._front import (
     _MAX_LANES,
     FrontOptions,
@@ -30,6 +31,7 @@ from ._front import (
     with_bulkhead,
 )
 from ._http import body_worth_reading
+from ._inner import Wrapping, numbered
 
 __all__ = ["RetryTransport"]
 
@@ -124,7 +126,7 @@ def _body(response: httpx.Response) -> bytes | None:
     return _body_if_read(response) if response.status_code >= 400 else None
 
 
-class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
+class RetryTransport(HttpFront, Wrapping):
     """An httpx transport that retries by stormguard's decision table.
 
     >>> import httpx, stormguard
@@ -170,48 +172,10 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         **options: Unpack[FrontOptions],
     ) -> None:
-        self._inner = transport
-        self._sync_inner: httpx.BaseTransport | None = None
-        self._async_inner: httpx.AsyncBaseTransport | None = None
+        self._wrap(transport)
         self._configure("RetryTransport", options)
         # Lanes by host (the lane of each host's first origin; see _lane_by_host).
         self._hosts: dict[str, Lane] = {}
-
-    # -- delegation -------------------------------------------------------------
-
-    def _sync(self) -> httpx.BaseTransport:
-        if self._sync_inner is None:
-            self._sync_inner = self._wrapped(
-                httpx.BaseTransport, httpx.HTTPTransport, "async-only; use httpx.AsyncClient"
-            )
-        return self._sync_inner
-
-    def _async(self) -> httpx.AsyncBaseTransport:
-        if self._async_inner is None:
-            self._async_inner = self._wrapped(
-                httpx.AsyncBaseTransport, httpx.AsyncHTTPTransport, "sync-only; use httpx.Client"
-            )
-        return self._async_inner
-
-    def _wrapped(self, kind: type[T], default: Callable[[], T], otherwise: str) -> T:
-        # The inner transport for one protocol: the one given, or a default one.
-        if self._inner is None:
-            return default()
-        if isinstance(self._inner, kind):
-            return self._inner
-        raise TypeError(f"the inner transport is {otherwise}")
-
-    def close(self) -> None:
-        if self._sync_inner is not None:
-            self._sync_inner.close()
-        elif isinstance(self._inner, httpx.BaseTransport):
-            self._inner.close()
-
-    async def aclose(self) -> None:
-        if self._async_inner is not None:
-            await self._async_inner.aclose()
-        elif isinstance(self._inner, httpx.AsyncBaseTransport):
-            await self._inner.aclose()
 
     # -- the two front ends of the engine ---------------------------------------
     #
@@ -254,10 +218,15 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
             names.find(b"ratelimit") >= 0 or names.find(b"rate-limit") >= 0
         )
 
-    def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
-        request = call.request
+    @staticmethod
+    def numbered(request: Any, number: int) -> httpx.Request:
+        """A copy of ``request`` carrying ``Retry-Attempt: number`` (same body stream,
+        which is replayable: a one-shot body is never retried)."""
+        return numbered(request, RETRY_ATTEMPT, number)
 
+    def _send(self, call: HttpCall, inner: httpx.BaseTransport) -> Callable[[], Outcome]:
         def send() -> Outcome:
+            request = call.attempt()
             _cap_timeouts(request, call.remaining())
             try:
                 response = inner.handle_request(request)
@@ -283,9 +252,8 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
     def _asend(
         self, call: HttpCall, inner: httpx.AsyncBaseTransport
     ) -> Callable[[], Awaitable[Outcome]]:
-        request = call.request
-
         async def asend() -> Outcome:
+            request = call.attempt()
             _cap_timeouts(request, call.remaining())
             try:
                 response = await inner.handle_async_request(request)
@@ -320,13 +288,13 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     # The success path: both front ends below are the same four steps, and only
     # the send is awaited in one of them. The two sync halves around the send,
-    # _enter() and _passed(), are shared; each writes out what a plain success
-    # needs in one frame (a Python call costs about as much as the whole gate): the
-    # lane look-up (HttpFront.lane_of, here by host first), the lock-free gate of
-    # an origin with every part (QuickGuard.enter and .settle) and the quota-name
-    # check. tests/client/test_success_path_fronts.py runs each rule through both
-    # front ends (and through RetryAdapter.send, which inlines only the look-up and
-    # calls the gate's methods).
+    # _enter() and _passed(), are shared; they write out what a plain success
+    # needs of the front end itself in one frame (the lane look-up,
+    # HttpFront.lane_of, here by host first; the quota-name check) and enter and
+    # settle the lane's gate through its own methods (protection/_quick.py, on
+    # the breaker's and the bulkhead's lock-free try_enter/settle pairs).
+    # tests/client/test_success_path_fronts.py runs each rule through both front
+    # ends (and through RetryAdapter.send).
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         inner = self._sync_inner or self._sync()
@@ -384,40 +352,14 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
         except KeyError:  # a request built without a client has none
             pass
         started = _monotonic() if self.system_clock else self.monotonic()
-        quick = lane.quick
-        if quick is None:
-            gate = lane.gate
-            if gate is None:
-                return lane, started, True
+        gate = lane.gate
+        if gate is None:
+            return lane, started, True
+        if lane.quick is None:  # (a gate with a budget tells the registry itself)
             lane.touch_in -= 1
             if lane.touch_in <= 0:
                 self.touched(lane)
-            return lane, started, gate.enter(started)
-        # (a lane with this gate tells the registry from its budget's batches)
-        # QuickGuard.enter(started) of a gate with every part, inline
-        core, free, waiters, ring, deposits, _ = quick.parts
-        ticket = core.closed_admission
-        if (
-            ticket is None
-            or waiters
-            or (
-                (quick.pauses or quick.paced or quick.guard._episode is not None)
-                and quick.pending_at(started)
-            )
-        ):
-            return lane, started, None
-        try:
-            free.pop()
-        except IndexError:
-            return lane, started, None
-        if started < ring.bucket_end:
-            try:
-                deposits.pop()
-            except IndexError:
-                quick.deposit(started)
-        else:
-            quick.deposit(started)
-        return lane, started, ticket
+        return lane, started, gate.enter(started)
 
     def _passed(self, lane: Lane, started: float, ticket: Any, response: Any) -> bool:
         """Whether a first attempt's success (< 400) ends the call as it is: no
@@ -433,25 +375,9 @@ class RetryTransport(HttpFront, httpx.BaseTransport, httpx.AsyncBaseTransport):
                 name = True
             if name is not None and not self.quota_free(response.headers, _PLAIN_NAMES):
                 return False
-        quick = lane.quick
-        if quick is None:
-            gate = lane.gate
-            if gate is not None:
-                gate.settle(ticket, started)
-            return True
-        # QuickGuard.settle(ticket, started), inline
-        core, free, waiters, _, _, pending = quick.parts
-        free.append(None)
-        if waiters:
-            quick.hand_out()
-        now = _monotonic() if self.system_clock else quick.monotonic()
-        if now < core.quiet_until and ticket is core.closed_admission:
-            try:
-                pending.pop()
-                return True
-            except IndexError:
-                pass
-        quick.record(ticket, started, now)
+        gate = lane.gate
+        if gate is not None:
+            gate.settle(ticket, started)
         return True
 
     def _lane_by_host(self, ref: Any, url: httpx.URL) -> Lane:

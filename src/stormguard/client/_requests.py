@@ -20,6 +20,7 @@ from urllib3.util import Timeout
 from ..core._engine import Outcome
 from ..core._outcome import Failure
 from ..protection._origin import origin_of
+from ._attempt import RETRY_ATTEMPT
 from ._front import (
     FrontOptions,
     HttpCall,
@@ -134,6 +135,13 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         body = request.body
         return body is None or isinstance(body, bytes | str)
 
+    @staticmethod
+    def numbered(request: Any, number: int) -> requests.PreparedRequest:
+        """A copy of the prepared ``request`` carrying ``Retry-Attempt: number``."""
+        copy: requests.PreparedRequest = request.copy()
+        copy.headers[RETRY_ATTEMPT] = str(number)
+        return copy
+
     def send(
         self,
         request: requests.PreparedRequest,
@@ -210,7 +218,7 @@ class RetryAdapter(HttpFront, HTTPAdapter):
         def send_once() -> Outcome:
             capped = _cap_timeout(timeout, call.remaining())
             try:
-                response = adapter_send(call.request, stream, capped, verify, cert, proxies)  # type: ignore[arg-type]  # a urllib3 Timeout too
+                response = adapter_send(call.attempt(), stream, capped, verify, cert, proxies)  # type: ignore[arg-type]  # a urllib3 Timeout too
             except Exception as exc:
                 return call.error(_failure_kind(exc), exc)
             return self._outcome(call, response)

@@ -9,6 +9,15 @@
 # quota `q`, window `w`, remaining `r`, reset `t`. Integers are rounded so that a
 # client never comes back early and never believes it has more than it has:
 # remaining rounds down, reset and Retry-After round up (Retry-After at least 1).
+#
+# What `t` means on a denial: since draft -10, "the number of seconds until
+# additional quota is made available" -- when the same request would pass, not
+# when the quota is whole again (they differ for a sliding window, a token bucket
+# and GCRA: a denial with `t=80` and `Retry-After: 32` sends a client that follows
+# the draft away 2.5 times too long). So on a denial every denying part's `t`,
+# `X-RateLimit-Reset` and `Retry-After` are one number: the hit's retry_after,
+# rounded up, at least 1 (a cost that can never fit keeps the time to a whole
+# quota, and no Retry-After). An allowed part's `t` is the time to a whole quota.
 from __future__ import annotations
 
 import math
@@ -71,17 +80,26 @@ class Decision(NamedTuple):
                 policy += f";w={_up(part.window)}"
             policies.append(policy)
             remaining = math.floor(part.remaining + 1e-9)
-            limits.append(f"{_sf_string(part.name)};r={remaining};t={_up(part.reset_after)}")
+            limits.append(f"{_sf_string(part.name)};r={remaining};t={part.reset_seconds()}")
         headers = {
             "RateLimit-Policy": ", ".join(policies),
             "RateLimit": ", ".join(limits),
             "X-RateLimit-Limit": str(math.floor(self.limit)),
             "X-RateLimit-Remaining": str(math.floor(self.remaining + 1e-9)),
-            "X-RateLimit-Reset": str(_up(self.reset_after)),
+            "X-RateLimit-Reset": str(self.reset_seconds()),
         }
         if not self.allowed and math.isfinite(self.retry_after):
             headers["Retry-After"] = str(max(1, _up(self.retry_after)))
         return headers
+
+    def reset_seconds(self) -> int:
+        """The whole seconds a client is told to wait for more quota (``t``,
+        ``X-RateLimit-Reset``): on a denial the same as ``Retry-After`` (when the
+        hit would pass: ``retry_after`` rounded up, at least 1), else the time to
+        a whole quota (``reset_after`` rounded up)."""
+        if not self.allowed and math.isfinite(self.retry_after):
+            return max(1, _up(self.retry_after))
+        return _up(self.reset_after)
 
 
 def combine(parts: Sequence[Decision]) -> Decision:

@@ -14,6 +14,10 @@
 #   RECORD    reports the attempt to the permit (arg: failed)   None
 #   PEEK      asks how long the breaker stays open              seconds
 #   SPEND     withdraws one retry from the budget               True / False
+#             (arg: the failure, which a quota prices)
+#   OUTCOME   tells a budget that records outcomes (a quota,     None
+#             gRPC's throttling) how an attempt was answered
+#             (arg: a Verdict)
 #   NOTIFY    tells hooks and the log (arg: a Notice)           None
 #   DISCARD   has the front end drop a failed attempt's value   None
 #             (closes a response before the wait; arg: Outcome)
@@ -28,7 +32,7 @@
 #     PACE, SLEEP (front ends with per-origin pacing)
 #     ADMIT (if a breaker): refused on the first attempt -> Finish(refusal);
 #                           later -> Finish(last outcome, GiveUp(CIRCUIT_OPEN))
-#     SEND; RECORD (if admitted)
+#     SEND; RECORD (if admitted); OUTCOME (if the budget records outcomes)
 #     the outcome ends the call (success, a final answer)     -> Finish(outcome)
 #     decide(): GiveUp                                         -> Finish(GiveUp)
 #     PEEK (if a breaker): open longer than the wait           -> Finish(CIRCUIT_OPEN)
@@ -58,6 +62,7 @@ __all__ = [
     "DISCARD",
     "GIVE_UP",
     "NOTIFY",
+    "OUTCOME",
     "PACE",
     "PEEK",
     "RECORD",
@@ -69,6 +74,9 @@ __all__ = [
     "Notice",
     "Outcome",
     "Steps",
+    "Verdict",
+    "records_outcomes",
+    "verdict",
 ]
 
 COUNT: Final = "count"
@@ -82,6 +90,7 @@ NOTIFY: Final = "notify"
 SLEEP: Final = "sleep"
 DISCARD: Final = "discard"
 GIVE_UP: Final = "give up"
+OUTCOME: Final = "outcome"
 
 
 class Outcome(NamedTuple):
@@ -146,6 +155,41 @@ class Finish(NamedTuple):
 Steps = Generator[tuple[str, Any], Any, Finish]
 
 
+class Verdict(NamedTuple):
+    """How an attempt was answered, as a token budget counts it (OUTCOME's arg).
+
+    ``success``: it ended the call as an answer (no failure to judge). ``failed``:
+    a failure that is the server's (a fault, a throttle, a pushback saying not to
+    retry) -- a malformed request is neither. ``retried``: the attempt was a
+    retry; ``throttled``: the failure that retry followed was a throttle (a
+    quota refunds that price on success).
+    """
+
+    success: bool
+    failed: bool
+    retried: bool
+    throttled: bool
+
+
+def verdict(outcome: Outcome, retried: bool = False, throttled: bool = False) -> Verdict:
+    """The Verdict of ``outcome`` (see :class:`Verdict`)."""
+    failure = outcome.failure
+    if failure is None:
+        return Verdict(True, False, retried, throttled)
+    failed = (
+        failure.retryable
+        or failure.throttled
+        or outcome.against_server
+        or failure.should_retry is False
+    )
+    return Verdict(False, failed, retried, throttled)
+
+
+def records_outcomes(budget: Any) -> bool:
+    """Whether ``budget`` wants every attempt's answer (OUTCOME) and prices retries."""
+    return budget is not None and getattr(budget, "records_outcomes", False) is True
+
+
 class Conversation:
     """One logical call's retry conversation (see the module comment).
 
@@ -191,10 +235,12 @@ class Conversation:
         policy = self.policy
         breaker = policy.breaker
         budget = policy.budget
+        outcomes = records_outcomes(budget)
         if first is None and budget is not None:
             yield COUNT, None
         pending = first
         last: Outcome | None = None
+        throttled = False  # whether the failure the current attempt retries was a throttle
         now = self.started_at  # when the last attempt ended
         while True:
             if pending is None:
@@ -222,6 +268,8 @@ class Conversation:
                 pending = None
             last = outcome
             failure = outcome.failure
+            if outcomes:
+                yield OUTCOME, verdict(outcome, self.attempts > 1, throttled)
             if failure is None:
                 return Finish(outcome, None, self.attempts)
             state = self.state
@@ -233,8 +281,9 @@ class Conversation:
                 if open_for > action.wait:
                     # The breaker stays open past the wait: the retry would be refused.
                     action = GiveUp(GiveUpReason.CIRCUIT_OPEN, open_for)
-            if isinstance(action, Retry) and budget is not None and not (yield SPEND, None):
+            if isinstance(action, Retry) and budget is not None and not (yield SPEND, failure):
                 action = GiveUp(GiveUpReason.BUDGET_EXHAUSTED, failure.hint)
+            throttled = failure.throttled
             if isinstance(action, GiveUp):
                 if action.reason is not GiveUpReason.NOT_RETRYABLE or state.attempts > 1:
                     elapsed = now - state.started_at

@@ -94,7 +94,9 @@ class ResponseSignals(NamedTuple):
 def response_signals(status: int, headers: HeadersLike, *, now: float) -> ResponseSignals:
     """The table status, the server's should-retry verdict and the wait hint, in one pass.
 
-    A rate-limit refusal sent as 403 reads as 429: GitHub answers a primary rate
+    An AWS throttling error answered with a 4xx (``x-amzn-ErrorType:
+    ThrottlingException`` on a 400, as JSON-protocol services send it) reads as
+    429 too. A rate-limit refusal sent as 403 reads as 429: GitHub answers a primary rate
     limit with 403 or 429 plus ``x-ratelimit-remaining: 0`` (and a reset), and a
     secondary limit with 403 or 429 plus ``Retry-After``. Such a 403 means "not
     processed, come back later" exactly like a 429, so it is retried after the
@@ -103,7 +105,7 @@ def response_signals(status: int, headers: HeadersLike, *, now: float) -> Respon
     is kept as it is. Never raises on malformed headers.
     """
     retry_after, fields = _collect(headers)
-    millis = fields.get("retry-after-ms")
+    millis = fields.get("retry-after-ms") or fields.get("x-amz-retry-after")
     hint = _retry_after_ms(millis) if millis else None
     if hint is None:
         hint = _retry_after_seconds(retry_after, now)
@@ -118,9 +120,43 @@ def response_signals(status: int, headers: HeadersLike, *, now: float) -> Respon
                     resets.append(quota.reset_after)
         if hint is None and resets:
             hint = max(resets)
-    if status == 403 and (exhausted or hint is not None):
+    if (status == 403 and (exhausted or hint is not None)) or (
+        400 <= status < 500 and _aws_throttled(fields.get("x-amzn-errortype"))
+    ):
         status = 429
     return ResponseSignals(status, _verdict(fields), hint)
+
+
+# The error codes AWS services answer a throttled request with (botocore's
+# ThrottledRetryableChecker and the SDKs' lists): as a 4xx they mean exactly what
+# a 429 means -- not processed, come back later.
+_AWS_THROTTLING = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "TransactionInProgressException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "RequestThrottled",
+        "SlowDown",
+        "PriorRequestNotComplete",
+        "EC2ThrottledException",
+    }
+)
+
+
+def _aws_throttled(values: list[str] | None) -> bool:
+    # x-amzn-ErrorType: "ThrottlingException:http://internal.amazon.com/..." or a
+    # shape id "com.amazonaws.dynamodb.v20120810#ThrottlingException".
+    if not values:
+        return False
+    code = values[0].split(":", 1)[0].rpartition("#")[2].strip(_WS)
+    return code in _AWS_THROTTLING
 
 
 def table_status(status: int, headers: HeadersLike, *, now: float) -> int:
@@ -134,8 +170,8 @@ def table_status(status: int, headers: HeadersLike, *, now: float) -> int:
 def wait_hint(status: int, headers: HeadersLike, *, now: float) -> float | None:
     """The server's own answer to "how long should I wait", in seconds from ``now``.
 
-    1. ``retry-after-ms`` (OpenAI, Anthropic: milliseconds, more precise), when
-       one parses;
+    1. ``retry-after-ms`` (OpenAI, Anthropic: milliseconds, more precise) or
+       ``x-amz-retry-after`` (AWS, milliseconds), when one parses;
     2. else ``Retry-After``, when one parses (the first that does, if repeated);
     3. else the reset of an exhausted quota (``remaining == 0``); with several
        exhausted quotas the longest reset, since every one of them must recover

@@ -14,6 +14,10 @@
 #   other 4xx, 500, 501, ... (FINAL)          give up                give up
 #   2xx, 3xx                                  success                success
 #
+# One more row is the HTTP adapters' (client/_http.py), since it needs the hint:
+# a keyed request's 409 with a Retry-After is an idempotency layer saying the
+# first request with that key is still running: retried after the hint.
+#
 # A status counts as a failure of the *server* (for circuit breakers) when it is 5xx
 # or 429-less transport trouble; 4xx are the caller's own failures.
 from __future__ import annotations

@@ -25,7 +25,8 @@
 #      at all, so the backoff draw is used instead and clients do not retry in
 #      lockstep; no hint -> the backoff draw
 #   5. now + wait past the deadline                 -> GiveUp(HINT_TOO_LONG) for a
-#      hint (the caller can reschedule), GiveUp(DEADLINE) for a backoff draw; the
+#      hint (the caller can reschedule), GiveUp(DEADLINE) for a backoff draw (the
+#      policy's throttle_backoff after a throttling failure, when it has one); the
 #      jitter on a hint is shrunk to fit the time left rather than fail the call
 #   6. otherwise                                    -> Retry(wait)
 # deadline=None means no overall deadline: the time left is infinite and only
@@ -47,6 +48,7 @@ from typing import Any
 from .._errors import ConfigError
 from ._backoff import Backoff, FullJitter, seconds
 from ._outcome import DEFAULT_RETRY_STATUSES
+from ._profiles import profile
 
 __all__ = [
     "GiveUp",
@@ -94,13 +96,21 @@ class RetryPolicy:
     * ``retry_exceptions``: exception types worth retrying (the decorator's ``on``).
     * ``budget``/``breaker``: optional :class:`RetryBudget` / :class:`CircuitBreaker`.
     * ``retry_if``: an optional predicate called with the failed attempt's response
-      (HTTP adapters) or exception; ``True`` retries it (even a status outside
-      ``retry_statuses``, such as a 409 on GET), ``False`` never retries it, ``None``
-      leaves it to the decision table. It cannot make an unkeyed POST that may have
+      (HTTP adapters) or exception, and with the value a decorated function
+      returned; ``True`` retries it (even a status outside ``retry_statuses``, such
+      as a 409 on GET, or a result such as ``{"status": "pending"}``), ``False``
+      never retries it, ``None`` leaves it to the decision table (a value is
+      then the call's answer). It cannot make an unkeyed POST that may have
       been processed retryable, and a server's ``x-should-retry`` /
       ``Stripe-Should-Retry`` header overrides it either way.
     * ``reraise``: when retries end, raise the last exception itself instead of
       :class:`RetryError` (the tenacity/stamina habit; default ``False``).
+    * ``throttle_backoff``: the wait after a throttling failure (a 429, a
+      rate-limit 403, an AWS throttling error, gRPC ``RESOURCE_EXHAUSTED``) when
+      the server gives no hint; ``None`` (default): ``backoff`` for every failure.
+      The AWS SDKs back off from 1 s after a throttle and from 50 ms otherwise.
+
+    ``RetryPolicy.for_api(name)`` gives the policy a vendor's own SDK follows.
     """
 
     attempts: int = 4
@@ -115,6 +125,7 @@ class RetryPolicy:
     breaker: Any = None
     retry_if: Callable[[Any], bool | None] | None = None
     reraise: bool = False
+    throttle_backoff: Backoff | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
@@ -123,6 +134,11 @@ class RetryPolicy:
             raise ConfigError("attempts", f"must be >= 1 (1 means no retry), got {self.attempts}")
         if not callable(getattr(self.backoff, "delay", None)):
             raise ConfigError("backoff", f"must have a delay() method, got {self.backoff!r}")
+        throttle = self.throttle_backoff
+        if throttle is not None and not callable(getattr(throttle, "delay", None)):
+            raise ConfigError(
+                "throttle_backoff", f"must have a delay() method or be None, got {throttle!r}"
+            )
         if self.deadline is not None:
             deadline = seconds(self.deadline, "deadline", allow_zero=False)
             object.__setattr__(self, "deadline", deadline)
@@ -172,6 +188,22 @@ class RetryPolicy:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def for_api(cls, api: str, **changes: Any) -> RetryPolicy:
+        """The retry policy a vendor's own SDK follows, as a frozen policy.
+
+        ``api`` is ``"openai"``, ``"anthropic"``, ``"stripe"``, ``"github"`` or
+        ``"aws"``: each sets the attempts, backoff, retryable statuses and
+        ``max_wait`` of that SDK (docs/client/vendors.md has the table, each row
+        citing the SDK file it follows); ``"aws"`` also brings a new
+        :class:`stormguard.RetryQuota` and the throttle backoff. ``changes``
+        replace any field. A profile never loosens the unkeyed-POST rule: pass
+        ``idempotency_keys=True`` to the adapter where the API accepts keys
+        (Stripe's SDK keys every POST).
+        """
+        policy = cls(**profile(api))
+        return policy.replace(**changes) if changes else policy
+
 
 @dataclass(frozen=True, slots=True)
 class RetryState:
@@ -199,6 +231,8 @@ class RetryFailure:
     the server's ``should_retry=True`` overrides that, never ``retry_if``.
     ``subject`` is what ``RetryPolicy.retry_if`` is called with: the response or
     the exception of the attempt (``None``: the predicate is not consulted).
+    ``throttled`` says the server refused for load (a 429 or its equivalents):
+    the policy's ``throttle_backoff`` and a quota's throttling price apply.
     """
 
     retryable: bool
@@ -207,6 +241,7 @@ class RetryFailure:
     should_retry: bool | None = None
     repeat_unsafe: bool = False
     subject: Any = None
+    throttled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +301,10 @@ def decide(
             return GiveUp(GiveUpReason.HINT_TOO_LONG, hint)
         spread = min(_HINT_JITTER_CAP, _HINT_JITTER_RATIO * hint, (remaining - hint) / 2.0)
         return Retry(hint + rng.uniform(0.0, spread), hint_used=True)
-    wait = policy.backoff.delay(state.attempts, rng, state.previous_wait)
+    backoff = policy.backoff
+    if failure.throttled and policy.throttle_backoff is not None:
+        backoff = policy.throttle_backoff
+    wait = backoff.delay(state.attempts, rng, state.previous_wait)
     if wait >= remaining:
         return GiveUp(GiveUpReason.DEADLINE)
     return Retry(wait)

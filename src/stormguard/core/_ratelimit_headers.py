@@ -166,8 +166,17 @@ def _text(raw: object) -> str | None:
 
 # Other hint fields collected in the same pass, kept in `fields` under their own
 # names (which _classify does not take for rate-limit fields): retry-after-ms
-# (OpenAI, Anthropic) and the servers' should-retry verdicts.
-HINT_FIELDS = frozenset({"retry-after-ms", "x-should-retry", "stripe-should-retry"})
+# (OpenAI, Anthropic), x-amz-retry-after (AWS, milliseconds), AWS's error type
+# (which names a throttling error) and the servers' should-retry verdicts.
+HINT_FIELDS = frozenset(
+    {
+        "retry-after-ms",
+        "x-amz-retry-after",
+        "x-amzn-errortype",
+        "x-should-retry",
+        "stripe-should-retry",
+    }
+)
 
 
 def _collect(headers: HeadersLike) -> tuple[list[str], dict[str, list[str]]]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._checker import Checker, Operation, Report, Violation, check_journal
-    from ._scenario import Scenario, load_scenario, parse_scenario
+    from ._scenario import Scenario, load_scenario, parse_scenario, vendor_scenario
     from ._server import MockServer
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "check_journal",
     "load_scenario",
     "parse_scenario",
+    "vendor_scenario",
 ]
 
 _WHERE = {
@@ -45,6 +46,7 @@ _WHERE = {
     "check_journal": "_checker",
     "load_scenario": "_scenario",
     "parse_scenario": "_scenario",
+    "vendor_scenario": "_scenario",
 }
 
 

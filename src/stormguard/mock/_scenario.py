@@ -36,7 +36,9 @@ __all__ = [
     "Step",
     "load_scenario",
     "parse_scenario",
+    "vendor_scenario",
 ]
+VENDORS = ("anthropic", "aws", "github", "openai", "stripe")
 
 FAULTS = (
     "commit-then-504",
@@ -173,6 +175,20 @@ def load_scenario(path: str | Path) -> Scenario:
     else:
         data, lines = load_yaml(text, source)
     return _Validator(source, lines).scenario(data)
+
+
+def vendor_scenario(name: str) -> Scenario:
+    """A scenario that plays a vendor's API as its SDK meets it (``"openai"``,
+    ``"anthropic"``, ``"stripe"``, ``"github"``, ``"aws"``): the retryable answers
+    it sends (with its own hint and should-retry headers) and a final one. Each
+    file (``stormguard/mock/vendors/NAME.yaml``) says which SDK code it follows;
+    ``RetryPolicy.for_api(NAME)`` is tested against it."""
+    from importlib import resources
+
+    if name not in VENDORS:
+        raise ScenarioError(f"unknown vendor {name!r}; expected one of: {', '.join(VENDORS)}")
+    text = resources.files(__package__).joinpath("vendors", f"{name}.yaml").read_text("utf-8")
+    return parse_scenario(text, source=f"{name}.yaml")
 
 
 def parse_scenario(

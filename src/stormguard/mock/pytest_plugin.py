@@ -44,6 +44,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def _server_class() -> type[MockServer]:
+    """MockServer, or MissingExtra naming ``stormguard[mock]`` when h11 is missing."""
+    from .._extras import require
+
+    require("h11", "mock")
+    from ._server import MockServer
+
+    return MockServer
+
+
 def _resolve(scenario: Any, test_path: Path) -> Any:
     if isinstance(scenario, str | Path) and not Path(scenario).is_absolute():
         beside = test_path.parent / scenario
@@ -56,13 +66,14 @@ def _resolve(scenario: Any, test_path: Path) -> Any:
 def stormguard_mock(request: pytest.FixtureRequest) -> Iterator[MockFactory]:
     """Factory: ``stormguard_mock(scenario, *, seed=None)`` -> a started MockServer."""
     # Imported here so that merely having stormguard installed never breaks a
-    # pytest run that lacks the mock extra.
-    from ._server import MockServer
+    # pytest run that lacks the mock extra; a test that asks for the fixture on a
+    # core install gets MissingExtra naming it, not h11's ModuleNotFoundError.
+    server_class = _server_class()
 
     servers: list[MockServer] = []
 
     def start(scenario: Mapping[str, Any] | str | Path, *, seed: int | None = None) -> MockServer:
-        server = MockServer(_resolve(scenario, request.path), seed=seed)
+        server = server_class(_resolve(scenario, request.path), seed=seed)
         server.start()
         servers.append(server)
         return server

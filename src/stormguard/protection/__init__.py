@@ -16,6 +16,7 @@ from ._cooldown import Cooldown
 from ._origin import OriginGuard, OriginGuards, origin_of, process_guards, reset_process_guards
 from ._pacer import Pacer
 from ._permit import BreakerEvent, Permit
+from ._quota import RetryQuota, RetryThrottling
 from ._throttle import AdaptiveThrottle, ThrottledBreaker
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "Permit",
     "RetryBudget",
     "ThrottledBreaker",
+    "RetryQuota",
+    "RetryThrottling",
     "origin_of",
     "process_guards",
     "reset_process_guards",

@@ -309,12 +309,32 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         self.settle(admission, started, self._monotonic())
         return result
 
+    # -- the lock-free pair: try_enter() / settle() ---------------------------------
+
+    def try_enter(self) -> Admission | None:
+        """Admit one call at once, without a lock, when nothing has to be decided.
+
+        It admits while the breaker lives in this process (no ``store``) and is
+        closed, and returns the closed admission: the ticket to hand to
+        :meth:`settle` when the call ends. It takes nothing -- a closed breaker
+        hands out no probe slot -- so a ticket whose call never ends (cancelled)
+        needs no giving back. ``None`` when the breaker is shared, open or
+        half-open: ask :meth:`acquire` / :meth:`aacquire`; nothing was taken.
+        """
+        return self._core.closed_admission if self._store is None else None
+
     def settle(
         self, admission: Admission, started: float, now: float, failure: bool = False
     ) -> None:
-        """Record the outcome of a local ``admission`` granted at ``started``, at
-        ``now`` (both on this breaker's clock): ``Permit.record()`` for callers that
-        hold the admission itself (``call()``, the adapters' success path)."""
+        """Record the outcome of a local ``admission`` (a :meth:`try_enter` ticket, or
+        a local permit's) granted at ``started``, ended at ``now`` (both on this
+        breaker's clock): ``Permit.record()`` for callers that hold the admission.
+
+        Lock-free while it cannot change the state: a success (faster than
+        ``slow_call``) of a closed breaker that is not about to judge its window
+        takes one credit of a batch; the lock is taken when the batch is spent,
+        for a failure, a slow call or a probe, which may change the state.
+        """
         core = self._core
         if (
             not failure

@@ -118,9 +118,17 @@ class Bulkhead(Scope, AsyncScope, Decorator):
         """Callers waiting for a slot now."""
         return len(self._waiters)
 
-    def try_acquire(self) -> bool:
-        """Take a free slot at once, without a lock; False when none is free or
-        callers are queued for one (then :meth:`acquire` waits in line)."""
+    # -- the lock-free pair: try_enter() / settle() ---------------------------------
+
+    def try_enter(self) -> bool:
+        """Take a slot at once, without a lock, when nothing has to wait.
+
+        True when a slot was free and nobody is queued for one: the slot is taken
+        (one token popped off the free list) and :meth:`settle` gives it back.
+        False when every slot is taken or callers wait in line: ask
+        :meth:`acquire` / :meth:`aacquire` (which queue behind them); nothing
+        was taken.
+        """
         if self._waiters:
             return False
         try:
@@ -128,6 +136,23 @@ class Bulkhead(Scope, AsyncScope, Decorator):
         except IndexError:
             return False
         return True
+
+    # (the name it had before the pair; the same method)
+    try_acquire = try_enter
+
+    def settle(self) -> None:
+        """Give back a slot taken by :meth:`try_enter` (or :meth:`acquire`).
+
+        Lock-free unless callers wait: the token goes back first, then, if anyone
+        is queued, the lock is taken and the first in line gets it.
+        """
+        free = self._free
+        free.append(None)
+        if len(free) > self.limit:
+            free.pop()
+            raise RuntimeError("Bulkhead.release() without a matching acquire")
+        if self._waiters:  # after freeing the slot: see the rules at the top
+            self._hand_out_locked()
 
     def _hand_out(self) -> None:
         # Lock held: free tokens go to the queue's head, in order.
@@ -155,7 +180,7 @@ class Bulkhead(Scope, AsyncScope, Decorator):
     def _queue(self, max_wait: float, waiter: Callable[[], _Waiter]) -> _Waiter | None:
         # A free slot: taken, None. Else a new waiter in the queue, or BulkheadFull at once
         # when the caller will not wait.
-        if self.try_acquire():
+        if self.try_enter():
             return None
         with self._lock:
             queued = waiter()
@@ -221,14 +246,8 @@ class Bulkhead(Scope, AsyncScope, Decorator):
         self._settle(waiter, start)
 
     def release(self) -> None:
-        """Give a slot back (to the first waiter, if any)."""
-        free = self._free
-        free.append(None)
-        if len(free) > self.limit:
-            free.pop()
-            raise RuntimeError("Bulkhead.release() without a matching acquire")
-        if self._waiters:  # after freeing the slot: see the rules at the top
-            self._hand_out_locked()
+        """Give a slot back (to the first waiter, if any): :meth:`settle`."""
+        self.settle()
 
     def _hand_out_locked(self) -> None:
         with self._lock:

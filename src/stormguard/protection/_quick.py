@@ -11,26 +11,23 @@
 #
 #   PACE    no running pause in the cooldown's map and no pacer for the origin:
 #           the wait is 0 (what OriginGuard.wait_before answers then)
-#   ADMIT   the breaker's closed admission, one attribute replaced atomically
-#           (what CircuitBreaker.acquire hands out while closed)
-#   slot    Bulkhead.try_acquire(): a token popped off its free list
+#   ADMIT   CircuitBreaker.try_enter(): the closed admission, one attribute read
+#   slot    Bulkhead.try_enter(): a token popped off its free list
 #   COUNT   RetryBudget.deposit(): a credit taken without the lock while the
 #           bucket lasts (protection/_tally.py)
 #   RECORD  CircuitBreaker.settle(): a success's credit taken without the lock
-#           while quiet
+#           while quiet; Bulkhead.settle() gives the slot back
 #
 # The gate looks at everything before it takes anything: a gate that finds
 # something pending has taken nothing, and the adapter takes the general path,
 # which waits, refuses or raises exactly as before. Of the takes, only the slot
-# can fail; it comes before the count, which cannot.
+# can fail; it comes after the breaker's (which takes nothing) and before the
+# count, which cannot fail.
 #
-# QuickGuard.enter() and .settle() below are the gate. RetryTransport's success
-# path (client/_httpx.py: _enter and _passed, shared by its sync and async front
-# ends) writes them out inline for a gate with every part (the call would cost as
-# much as the gate): a change to the rules here is made there too, and
-# tests/client/test_success_path_fronts.py runs each through both. The gateway's
-# upstream pool keeps the same gate for its breaker and bulkhead
-# (gateway/_upstream.py: UpstreamPool.enter and settle).
+# The breaker's and the bulkhead's rules are theirs alone: the gate calls their
+# public lock-free pairs (try_enter / settle) and copies neither. Every front end
+# -- RetryTransport's and RetryAdapter's success paths, the general path's
+# resume() -- enters and settles through QuickGuard.enter() and .settle().
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -59,8 +56,6 @@ def quick_guard(
     cooldown, pacer = guard._cooldown, guard._pacer
     if guard.bulkhead is not None and type(guard.bulkhead) is not Bulkhead:
         return None
-    if type(breaker) is CircuitBreaker and breaker._slow is not None:
-        return None  # a slow_call breaker judges each duration: its own methods do
     # The parts that read a clock on the way: each local and on the adapter's clock.
     timed: list[tuple[Any, bool]] = [
         (breaker, type(breaker) is CircuitBreaker and breaker._store is None),
@@ -82,42 +77,21 @@ class QuickGuard:
     made; None when the general path must decide (nothing was taken). After the
     attempt, ``settle(ticket, started, failure)`` gives the slot back and records
     the outcome; ``abandon()`` ends an attempt that never ended (cancelled).
-
-    For a gate with every part (``parts``: breaker core, bulkhead free list and
-    waiters, budget ring and deposits, breaker queue), RetryTransport's success
-    path writes ``enter()`` and ``settle()``'s success case out inline
-    (client/_httpx.py: a call costs as much as the whole gate); ``deposit()``,
-    ``hand_out()`` and ``record()`` are their slow branches, ``pending_at()``
-    their look at pauses and pacing.
     """
 
-    # The parts' own lists and maps, read directly: each method is one frame.
-    breaker: Any
-    budget: Any
-    bulkhead: Any
-    core: Any
-    deposits: Any
-    free: Any
-    pending: Any
-    ring: Any
-    waiters: Any
-
     __slots__ = (
+        "admit",
         "breaker",
         "budget",
         "bulkhead",
-        "core",
         "deposits",
-        "free",
         "guard",
         "monotonic",
         "paced",
-        "parts",
         "pauses",
-        "pending",
         "ring",
+        "take",
         "touch",
-        "waiters",
     )
 
     def __init__(self, guard: OriginGuard, touch: Callable[[], object] | None = None) -> None:
@@ -128,27 +102,14 @@ class QuickGuard:
         self.budget = budget
         self.bulkhead = bulkhead
         nothing: Any = None
-        # The breaker's closed admission and quiet_until, and its queue of
-        # lock-free successes (with the clock it reads them on).
-        self.core = nothing if breaker is None else breaker._core
-        self.pending = nothing if breaker is None else breaker._pending
+        # The pairs' entries, bound once.
+        self.admit: Callable[[], Any] | None = None if breaker is None else breaker.try_enter
+        self.take: Callable[[], bool] | None = None if bulkhead is None else bulkhead.try_enter
+        # The clock the breaker's settle() reads its `now` on (the adapter's).
         self.monotonic: Callable[[], float] = nothing if breaker is None else breaker._monotonic
+        # The budget's newest bucket and its lock-free credits (protection/_budget.py).
         self.ring = nothing if budget is None else budget._core.ring
         self.deposits = nothing if budget is None else budget._deposits
-        # The bulkhead's free tokens and its queue of waiters.
-        self.free = nothing if bulkhead is None else bulkhead._free
-        self.waiters = nothing if bulkhead is None else bulkhead._waiters
-        # With every part, the ones a success path reads, for one unpacking.
-        self.parts: tuple[Any, ...] = ()
-        if breaker is not None and budget is not None and bulkhead is not None:
-            self.parts = (
-                self.core,
-                self.free,
-                self.waiters,
-                self.ring,
-                self.deposits,
-                self.pending,
-            )
         # Empty maps (no pause, no pacing anywhere) say "nothing pending" at one look.
         self.pauses = {} if guard._cooldown is None else guard._cooldown._pauses
         self.paced = {} if guard._pacer is None else guard._pacer._origins
@@ -158,19 +119,14 @@ class QuickGuard:
         if (self.pauses or self.paced or self.guard._episode is not None) and self.pending_at(now):
             return None
         ticket: Any = True
-        core = self.core
-        if core is not None:
-            ticket = core.closed_admission
+        admit = self.admit
+        if admit is not None:
+            ticket = admit()
             if ticket is None:
                 return None
-        free = self.free
-        if free is not None:  # Bulkhead.try_acquire(), inline
-            if self.waiters:
-                return None
-            try:
-                free.pop()
-            except IndexError:
-                return None
+        take = self.take
+        if take is not None and not take():
+            return None
         ring = self.ring
         if ring is not None:  # RetryBudget.deposit(now), its lock-free case inline
             if now < ring.bucket_end:
@@ -195,41 +151,21 @@ class QuickGuard:
 
     def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
         """The attempt entered at ``started`` ended: slot back, outcome recorded."""
-        free = self.free
-        if free is not None:  # Bulkhead.release(), its lock-free case inline
-            free.append(None)
-            if self.waiters:
-                self.hand_out()
-        core = self.core
-        if core is None:
-            return
-        # CircuitBreaker.settle(), its lock-free case inline: a success that cannot
-        # change the state is queued (no slow_call here: see quick_guard()).
-        now = self.monotonic()
-        if not failure and now < core.quiet_until and ticket is core.closed_admission:
-            try:
-                self.pending.pop()
-                return
-            except IndexError:
-                pass
-        self.record(ticket, started, now, failure)
+        bulkhead = self.bulkhead
+        if bulkhead is not None:
+            bulkhead.settle()
+        breaker = self.breaker
+        if breaker is not None:
+            breaker.settle(ticket, started, self.monotonic(), failure)
 
     def deposit(self, now: float) -> None:
         """The budget's count of a first attempt, by its own method (its batch of
         credits is spent, or ``now`` is past the newest bucket); the registry
         hears the origin is in use."""
-        self.budget.deposit(now)
+        budget: Any = self.budget
+        budget.deposit(now)
         if self.touch is not None:
             self.touch()
-
-    def hand_out(self) -> None:
-        """A slot given back while callers wait for one: the first in line gets it."""
-        self.bulkhead._hand_out_locked()
-
-    def record(self, ticket: Any, started: float, now: float, failure: bool = False) -> None:
-        """The outcome of an attempt admitted with ``ticket``, by the breaker's own
-        method (the queue is full, or the outcome may change the state)."""
-        self.breaker.settle(ticket, started, now, failure)
 
     def abandon(self) -> None:
         """The attempt never ended (cancelled, interrupted): its slot goes back.
@@ -237,4 +173,4 @@ class QuickGuard:
         A closed admission holds nothing to give back (only probes do).
         """
         if self.bulkhead is not None:
-            self.bulkhead.release()
+            self.bulkhead.settle()

@@ -76,7 +76,8 @@ def limit_headers(
     if style != "github":
         out += [(name, rendered[name]) for name in _IETF]
     if style != "ietf":
-        epoch = (time.time() if now is None else now) + decision.reset_after
+        # (the same wait as t= and Retry-After on a denial: core/_decision.py)
+        epoch = (time.time() if now is None else now) + decision.reset_seconds()
         used = max(0, math.floor(decision.limit) - int(rendered["X-RateLimit-Remaining"]))
         out += [
             ("X-RateLimit-Limit", rendered["X-RateLimit-Limit"]),

@@ -15,7 +15,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise MissingExtra("click", "sim") from exc
 
-from . import _budget, _layers, _metastable, _occ, _output, _storm
+from . import _budget, _hedging, _layers, _metastable, _occ, _output, _storm
 from ._engine import numpy, progress
 
 __all__ = ["simulate_command"]
@@ -251,6 +251,28 @@ def run_metastable(
     return _written(out, "metastable", parameters, tables, plot and draw)
 
 
+def run_hedging(
+    out: Path, config: _hedging.HedgingConfig, seed: int, *, plot: bool, show_progress: bool | None
+) -> list[Path]:
+    """The hedging scenario: hedging.csv, hedging.json and hedging.png."""
+    with progress("hedging", len(_hedging.STRATEGIES), enabled=show_progress) as tick:
+        rows, samples = _hedging.run(config, seed, tick=tick)
+    table = [(r.strategy, r.requests, r.extra, r.p50_ms, r.p99_ms, r.p999_ms) for r in rows]
+    for r in rows:
+        _say(
+            f"hedging: {r.strategy}: +{r.extra:.1%} requests, "
+            f"p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, p99.9 {r.p999_ms:.1f} ms"
+        )
+
+    def draw(path: Path) -> Path:
+        from ._plots_hedging import plot_hedging
+
+        return plot_hedging(rows, samples, path)
+
+    tables = {"rows": (_output.HEDGING_HEADER, table)}
+    return _written(out, "hedging", {**asdict(config), "seed": seed}, tables, plot and draw)
+
+
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 _NON_NEGATIVE = click.FloatRange(min=0)
 
@@ -272,7 +294,10 @@ def _checked(call: Callable[[], _T]) -> _T:
 
 
 @click.command(name="simulate")
-@click.argument("scenario", type=click.Choice(["occ", "storm", "budget", "layers", "metastable"]))
+@click.argument(
+    "scenario",
+    type=click.Choice(["occ", "storm", "budget", "layers", "metastable", "hedging"]),
+)
 @_option(
     "--out",
     click.Path(file_okay=False, path_type=Path),
@@ -350,6 +375,7 @@ def simulate_command(
     budget  independent failures: none, retries, budget, breaker per client
     layers  retries nested over --depth layers above a failing bottom
     metastable  trigger depth x duration: which cells recover, per strategy
+    hedging hedged reads against a latency tail (Dean & Barroso): none, fixed, p50-p99
     """
     if scenario == "occ":
         occ_clients = _ints(clients or _OCC_CLIENTS, "--clients")
@@ -389,6 +415,12 @@ def simulate_command(
         config = _checked(_metastable.MetastableConfig)
         paths = _checked(
             lambda: run_metastable(out, config, *grid, seed, plot=plot, show_progress=show_progress)
+        )
+    elif scenario == "hedging":
+        paths = _checked(
+            lambda: run_hedging(
+                out, _hedging.HedgingConfig(), seed, plot=plot, show_progress=show_progress
+            )
         )
     else:
         paths = _checked(

@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "BUDGET_HEADER",
+    "HEDGING_HEADER",
     "LAYERS_HEADER",
     "OCC_HEADER",
     "STORM_HEADER",
@@ -27,6 +28,7 @@ STORM_HEADER = ("strategy", "server", "peak_rps", "amplification", "failed", "re
 TIMELINE_HEADER = ("strategy", "server", "second", "requests", "attempts", "successes", "failures")
 BUDGET_HEADER = ("strategy", "clients", "failure_rate", "success", "load")
 LAYERS_HEADER = ("policy", "depth", "attempts", "load")
+HEDGING_HEADER = ("strategy", "requests", "extra", "p50_ms", "p99_ms", "p999_ms")
 
 
 def format_cell(value: object) -> object:
