@@ -151,8 +151,12 @@ def test_two_routes_naming_one_limit_share_its_budget_across_processes(
     gateways = [gateway_factory(_shared_config(owned_redis.url, up, **extra)) for _ in range(2)]
     urls = [f"{gw.url}/echo/{route}" for gw in gateways for route in ("one", "two")]
     codes = _get_many(urls, 24, headers={"X-API-Key": "alice"})
-    assert codes.count(200) == 6
-    assert up.seen()["n"] == 6
+    admitted = codes.count(200)
+    if sync is None:
+        assert admitted == 6
+    else:  # never over; under by at most the units leases hold (N x lease <= limit / 4)
+        assert 6 - 6 // 4 <= admitted <= 6
+    assert up.seen()["n"] == admitted
 
 
 # -- the memory store's bound --------------------------------------------------------
