@@ -25,11 +25,27 @@
 #                   attempts refused locally, the refused call gives up
 #     admission     core._admission_control.AdmissionControlCore (Envoy's) in front
 #                   of the server: refused attempts fail fast, cost the server nothing
+#     grpc-a6       the client's RetryThrottling (gRPC A6): max_tokens, every failed
+#                   attempt -1, every success +token_ratio; a retry only while the
+#                   count is above max_tokens / 2
+#     aws-quota     the client's RetryQuota (the AWS SDKs' retry quota): 500 tokens,
+#                   a retry after a timeout (transient) costs retry_cost, a first
+#                   attempt's success adds success_increment, a retry's success
+#                   refunds its price
+#
+# The last two are the runtime objects a RetryPolicy(budget=...) holds, driven as
+# the client's engine drives them (core/_engine.Conversation): record_request()
+# before a first attempt, record_outcome(success, failed, retried) after every
+# attempt, then try_retry() before a retry -- so every client attempt's outcome
+# reaches the strategy with whether it was a retry (client_outcome's `retry`).
+# A timeout is a transient failure (not a throttle) for both: the sweep's
+# server never refuses for load, it only gets slow.
 #
 # STRATEGIES is a registry of factories (config -> Strategy); `budget_strategy`
 # adapts any budget core shaped like RetryBudgetCore (record_request(now),
-# try_retry(now), optionally an outcome hook), so further budgets (gRPC A6 retry
-# throttling, the AWS retry quota) join the sweep with one register() call.
+# try_retry(now), optionally an outcome hook) and `token_budget_strategy` any
+# budget that records outcomes (RetryQuota, RetryThrottling), so further budgets
+# join the sweep with one register() call.
 #
 # Figures per cell: a second is bad when more than `bad_share` of the attempt
 # outcomes learnt in it are failures (timeouts, refusals, local throttling);
@@ -59,9 +75,11 @@ from ..core._backoff import FullJitter
 from ..core._budget import RetryBudgetCore
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
 from ..core._throttle import AdaptiveThrottleCore
+from ..protection._quota import RetryQuota, RetryThrottling
 from ._engine import py_rng
 
 __all__ = [
+    "DEFAULT_STRATEGIES",
     "HEADER",
     "STRATEGIES",
     "TRIGGERS",
@@ -73,6 +91,7 @@ __all__ = [
     "register",
     "run_cell",
     "sweep",
+    "token_budget_strategy",
 ]
 
 TRIGGERS = ("capacity", "load")
@@ -112,6 +131,12 @@ class MetastableConfig:
     admission_window: float = 10.0
     admission_success_rate: float = 0.95
     admission_max_reject: float = 0.8
+    a6_max_tokens: float = 10.0
+    a6_token_ratio: float = 0.1
+    quota_capacity: float = 500.0
+    quota_retry_cost: float = 14.0
+    quota_throttling_cost: float = 5.0
+    quota_success_increment: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("rps", "capacity", "timeout", "tail", "settle"):
@@ -123,6 +148,26 @@ class MetastableConfig:
             raise ConfigError("attempts", f"must be >= 1, got {self.attempts!r}")
         if not 0 < self.bad_share < 1:
             raise ConfigError("bad_share", f"must be in (0, 1), got {self.bad_share!r}")
+        # The library's objects check their own settings; the error names ours.
+        for prefix, build in (("a6_", self.retry_throttling), ("quota_", self.retry_quota)):
+            try:
+                build()
+            except ConfigError as error:
+                field = prefix + error.field
+                raise ConfigError(field, str(error).split(": ", 1)[1]) from None
+
+    def retry_throttling(self) -> RetryThrottling:
+        """A new gRPC A6 token count with this sweep's ``a6_*`` settings."""
+        return RetryThrottling(max_tokens=self.a6_max_tokens, token_ratio=self.a6_token_ratio)
+
+    def retry_quota(self) -> RetryQuota:
+        """A new AWS retry quota with this sweep's ``quota_*`` settings."""
+        return RetryQuota(
+            capacity=self.quota_capacity,
+            retry_cost=self.quota_retry_cost,
+            throttling_cost=self.quota_throttling_cost,
+            success_increment=self.quota_success_increment,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +189,10 @@ class Strategy:
     """A protection strategy's hooks into the simulated calls (the default: none).
 
     ``first(now)``: a call's first attempt is made; ``client_allows(now, rng)``:
-    the client may send an attempt now; ``may_retry(now)``: a failed call may retry;
-    ``client_outcome(now, ok)``: the client learnt an attempt's outcome;
+    the client may send an attempt now; ``may_retry(now)``: a failed call may retry
+    (asked after ``client_outcome``, only when the policy would retry);
+    ``client_outcome(now, ok, retry)``: the client learnt the outcome of an attempt
+    it sent, ``retry`` saying whether that attempt was a retry;
     ``server_admits(now, rng)``: the server side takes the attempt;
     ``server_outcome(now, ok)``: an attempt the server took ended.
     """
@@ -159,7 +206,7 @@ class Strategy:
     def may_retry(self, now: float) -> bool:
         return True
 
-    def client_outcome(self, now: float, ok: bool) -> None:
+    def client_outcome(self, now: float, ok: bool, retry: bool) -> None:
         return None
 
     def server_admits(self, now: float, rng: random.Random) -> bool:
@@ -180,7 +227,7 @@ class _Budget(Strategy):
     def may_retry(self, now: float) -> bool:
         return bool(self.core.try_retry(now))
 
-    def client_outcome(self, now: float, ok: bool) -> None:
+    def client_outcome(self, now: float, ok: bool, retry: bool) -> None:
         if self.on_outcome is not None:
             self.on_outcome(self.core, now, ok)
 
@@ -196,6 +243,31 @@ def budget_strategy(
     return _Budget(core, on_outcome)
 
 
+class _TokenBudget(Strategy):
+    def __init__(self, budget: Any) -> None:
+        self.budget = budget
+
+    def first(self, now: float) -> None:
+        self.budget.record_request()
+
+    def may_retry(self, now: float) -> bool:
+        return bool(self.budget.try_retry(throttled=False))
+
+    def client_outcome(self, now: float, ok: bool, retry: bool) -> None:
+        self.budget.record_outcome(success=ok, failed=not ok, retried=retry, throttled=False)
+
+
+def token_budget_strategy(budget: Any) -> Strategy:
+    """A strategy around a budget that hears every answer (``records_outcomes``:
+    ``RetryQuota``, ``RetryThrottling``), driven as the client's engine drives it:
+    ``record_request()`` before a first attempt, ``record_outcome(success=,
+    failed=, retried=, throttled=False)`` after every attempt (a timeout is a
+    failure, not a throttle), ``try_retry(throttled=False)`` before a retry."""
+    if getattr(budget, "records_outcomes", False) is not True:
+        raise ConfigError("budget", f"must record outcomes (records_outcomes), got {budget!r}")
+    return _TokenBudget(budget)
+
+
 class _Throttle(Strategy):
     def __init__(self, core: AdaptiveThrottleCore) -> None:
         self.core = core
@@ -203,7 +275,7 @@ class _Throttle(Strategy):
     def client_allows(self, now: float, rng: random.Random) -> bool:
         return self.core.request(now, rng)
 
-    def client_outcome(self, now: float, ok: bool) -> None:
+    def client_outcome(self, now: float, ok: bool, retry: bool) -> None:
         if ok:
             self.core.accept(now)
 
@@ -241,7 +313,10 @@ STRATEGIES: dict[str, StrategyFactory] = {
             min_rps=1.0,
         )
     ),
+    "grpc-a6": lambda config: token_budget_strategy(config.retry_throttling()),
+    "aws-quota": lambda config: token_budget_strategy(config.retry_quota()),
 }
+DEFAULT_STRATEGIES = ("none", "budget", "sre-throttle", "admission", "grpc-a6", "aws-quota")
 
 
 def register(name: str, factory: StrategyFactory) -> None:
@@ -321,7 +396,7 @@ def run_cell(
             continue
         ok = kind == 1
         outcomes[second] += 1
-        guard.client_outcome(now, ok)
+        guard.client_outcome(now, ok, state.attempts > 1)
         if kind != 3:
             guard.server_outcome(now, ok)
         if ok:
@@ -363,7 +438,7 @@ def sweep(
     durations: Sequence[float],
     seed: int,
     *,
-    strategies: Iterable[str] = ("none", "budget", "sre-throttle", "admission"),
+    strategies: Iterable[str] = DEFAULT_STRATEGIES,
     triggers: Iterable[str] = TRIGGERS,
     tick: Callable[[float], None] | None = None,
 ) -> list[MetastableRow]:
