@@ -369,3 +369,28 @@ def test_cli_default_strategies_include_the_client_budgets(tmp_path: Path) -> No
         assert f"metastable: {name}: " in result.output
     assert "metastable: grpc-a6: 2 of 2 cells recovered" in result.output
     assert "metastable: aws-quota: 2 of 2 cells recovered" in result.output
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "simulator" / "metastable.md"
+
+
+def test_docs_table_gives_the_client_budgets_default_sweep() -> None:
+    """The page's recovered/slow/stuck counts for grpc-a6 and aws-quota are the default grid's."""
+    defaults = {p.name: p.default for p in simulate_command.params}
+    names = "grpc-a6,aws-quota"
+    depths, durations, strategies = _metastable.parse_grid(
+        str(defaults["depths"]), str(defaults["durations"]), names
+    )
+    rows = sweep(
+        MetastableConfig(), depths, durations, int(str(defaults["seed"])), strategies=strategies
+    )
+    text = PAGE.read_text(encoding="utf-8")
+    for name in strategies:
+        mine = [r for r in rows if r.strategy == name]
+        counts = [
+            sum(r.state == state for r in mine) for state in ("recovered", "recovering", "stuck")
+        ]
+        amplification = max(r.amplification for r in mine)
+        line = f"| `{name}` | {counts[0]} | {counts[1]} | {counts[2]} | "
+        assert line in text, (line, amplification)
+        assert f"-- {amplification:.3f} |" in text
