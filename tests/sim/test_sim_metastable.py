@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from stormguard import RetryQuota, RetryThrottling
 from stormguard._errors import ConfigError
 from stormguard.core._budget import RetryBudgetCore
 from stormguard.sim import _metastable
@@ -24,6 +25,7 @@ from stormguard.sim._metastable import (
     register,
     run_cell,
     sweep,
+    token_budget_strategy,
 )
 
 CONFIG = MetastableConfig(tail=40.0, settle=5.0)
@@ -183,3 +185,212 @@ def test_cli_rejects_an_unknown_strategy(tmp_path: Path) -> None:
     args = ["metastable", "--out", str(tmp_path), "--strategies", "hope", "--no-plot"]
     result = CliRunner().invoke(simulate_command, args)
     assert result.exit_code == 2 and "strategies" in result.output
+
+
+@pytest.mark.parametrize("trigger", ["capacity", "load"])
+@pytest.mark.parametrize("strategy", ["grpc-a6", "aws-quota"])
+def test_client_token_budgets_recover_where_none_stays_stuck(strategy: str, trigger: str) -> None:
+    """gRPC A6 throttling and the AWS quota recover from the trigger that leaves none stuck."""
+    assert cell("none", trigger, 0.8, 10.0).state == "stuck"
+    row = cell(strategy, trigger, 0.8, 10.0)
+    assert row.recovered and row.state == "recovered"
+    assert 0 < row.recovery_s < CONFIG.tail - CONFIG.settle
+    assert 1.0 < row.amplification < 1.1
+
+
+class SpiedThrottling(RetryThrottling):
+    """The library's RetryThrottling, noting the count each retry question saw."""
+
+    def __init__(self) -> None:
+        super().__init__(max_tokens=10, token_ratio=0.1)
+        self.asked: list[tuple[float, bool]] = []
+
+    def try_retry(self, *, throttled: bool = False) -> bool:
+        allowed = super().try_retry(throttled=throttled)
+        self.asked.append((self.balance, allowed))
+        return allowed
+
+
+class SpiedQuota(RetryQuota):
+    """The library's RetryQuota, noting its balance after every answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.balances: list[float] = []
+        self.refused = 0
+
+    def try_retry(self, *, throttled: bool = False) -> bool:
+        allowed = super().try_retry(throttled=throttled)
+        self.refused += not allowed
+        return allowed
+
+    def record_outcome(self, **verdict: bool) -> None:
+        super().record_outcome(**verdict)
+        self.balances.append(self.balance)
+
+
+@pytest.fixture
+def spied() -> Iterator[list[Any]]:
+    """Register `spied-a6` and `spied-quota` (the library's objects, watched) for one test."""
+    made: list[Any] = []
+
+    def factory(kind: type[Any]) -> _metastable.StrategyFactory:
+        def build(config: MetastableConfig) -> _metastable.Strategy:
+            made.append(kind())
+            return token_budget_strategy(made[-1])
+
+        return build
+
+    register("spied-a6", factory(SpiedThrottling))
+    register("spied-quota", factory(SpiedQuota))
+    yield made
+    del STRATEGIES["spied-a6"], STRATEGIES["spied-quota"]
+
+
+def test_a6_rule_retries_stop_at_half_the_tokens() -> None:
+    """A6: each failure takes a token, a success adds token_ratio; retry only above max/2."""
+    budget = RetryThrottling(max_tokens=10, token_ratio=0.1)
+    strategy = token_budget_strategy(budget)
+    strategy.first(0.0)
+    for _ in range(4):
+        strategy.client_outcome(0.0, False, False)
+    assert budget.balance == 6.0 and strategy.may_retry(0.0) is True
+    strategy.client_outcome(0.0, False, True)
+    assert budget.balance == 5.0 and strategy.may_retry(0.0) is False
+    strategy.client_outcome(0.0, True, False)
+    assert budget.balance == pytest.approx(5.1) and strategy.may_retry(0.0) is True
+    assert budget.balance == pytest.approx(5.1)  # asking takes nothing
+
+
+def test_a6_in_the_sweep_never_retries_at_or_below_half(spied: list[Any]) -> None:
+    """Through a whole trigger, every retry A6 allowed had more than max/2 tokens."""
+    row = run_cell("spied-a6", "capacity", 0.8, 10.0, CONFIG, py_rng(7))
+    asked = spied[0].asked
+    assert row.recovered and any(allowed for _, allowed in asked)
+    assert any(not allowed for _, allowed in asked)
+    assert all(allowed == (tokens > 5.0) for tokens, allowed in asked)
+
+
+def test_quota_drains_and_refills_as_the_sdk_does() -> None:
+    """AWS quota: 500 tokens, 14 per retry after a timeout; a first success adds 1, a
+    successful retry refunds its 14; the bucket never holds more than 500."""
+    quota = RetryQuota()
+    strategy = token_budget_strategy(quota)
+    retries = 0
+    while True:
+        strategy.client_outcome(0.0, False, retries > 0)  # failures change nothing
+        if not strategy.may_retry(0.0):
+            break
+        retries += 1
+    assert (retries, quota.balance) == (35, 10.0)
+    strategy.client_outcome(0.0, True, True)
+    assert quota.balance == 24.0
+    strategy.client_outcome(0.0, True, False)
+    assert quota.balance == 25.0
+    for _ in range(600):
+        strategy.client_outcome(0.0, True, False)
+    assert quota.balance == 500.0
+
+
+def test_quota_in_the_sweep_drains_then_fills_again(spied: list[Any]) -> None:
+    """Under a deep trigger the quota runs dry and refuses; after it, successes refill it."""
+    row = run_cell("spied-quota", "capacity", 0.8, 10.0, CONFIG, py_rng(7))
+    quota = spied[0]
+    assert row.recovered and quota.refused > 0
+    assert min(quota.balances) < 14.0 and quota.balances[-1] == 500.0
+
+
+class Recording(_metastable.Strategy):
+    """No protection, noting each client outcome's (ok, retry)."""
+
+    def __init__(self) -> None:
+        self.firsts = 0
+        self.outcomes: list[tuple[bool, bool]] = []
+
+    def first(self, now: float) -> None:
+        self.firsts += 1
+
+    def client_outcome(self, now: float, ok: bool, retry: bool) -> None:
+        self.outcomes.append((ok, retry))
+
+
+def test_every_client_outcome_says_whether_it_was_a_retry() -> None:
+    """client_outcome hears every attempt, with retry=True exactly for the retries."""
+    made: list[Recording] = []
+    register("recording", lambda config: made.append(Recording()) or made[-1])
+    try:
+        shallow = run_cell("recording", "capacity", 0.2, 5.0, CONFIG, py_rng(7))
+        deep = run_cell("recording", "capacity", 0.8, 10.0, CONFIG, py_rng(7))
+    finally:
+        del STRATEGIES["recording"]
+    assert shallow.amplification == 1.0 and all(not retry for _, retry in made[0].outcomes)
+    firsts = sum(not retry for _, retry in made[1].outcomes)
+    retries = sum(retry for _, retry in made[1].outcomes)
+    assert firsts <= made[1].firsts and retries > firsts
+    sent = round(deep.amplification * made[1].firsts)
+    assert 0.95 * sent <= firsts + retries <= sent  # only the run's last timeout unheard
+
+
+def test_token_budget_strategy_wants_a_budget_that_records_outcomes() -> None:
+    """A plain ratio budget has no outcome hook: refused, naming the argument."""
+    with pytest.raises(ConfigError) as raised:
+        token_budget_strategy(RetryBudgetCore(ratio=0.1, min_per_second=1.0, window=10.0))
+    assert raised.value.field == "budget"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("a6_max_tokens", 0.0),
+        ("a6_max_tokens", 1001.0),
+        ("a6_token_ratio", 0.0),
+        ("quota_capacity", 0.0),
+        ("quota_retry_cost", -1.0),
+        ("quota_throttling_cost", -1.0),
+        ("quota_success_increment", -1.0),
+    ],
+)
+def test_token_budget_settings_errors_name_the_field(field: str, value: float) -> None:
+    """An invalid gRPC A6 or AWS quota setting fails naming the config's own field."""
+    with pytest.raises(ConfigError) as raised:
+        MetastableConfig(**{field: value})
+    assert raised.value.field == field and str(raised.value).startswith(f"{field}: ")
+
+
+def test_cli_default_strategies_include_the_client_budgets(tmp_path: Path) -> None:
+    """`--help` lists grpc-a6 and aws-quota by default, and a default run reports them."""
+    runner = CliRunner()
+    assert "grpc-a6,aws-quota" in runner.invoke(simulate_command, ["--help"]).output
+    args = ["metastable", "--out", str(tmp_path), "--no-progress", "--no-plot"]
+    args += ["--depths", "0.8", "--durations", "10"]
+    result = runner.invoke(simulate_command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for name in _metastable.DEFAULT_STRATEGIES:
+        assert f"metastable: {name}: " in result.output
+    assert "metastable: grpc-a6: 2 of 2 cells recovered" in result.output
+    assert "metastable: aws-quota: 2 of 2 cells recovered" in result.output
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "simulator" / "metastable.md"
+
+
+def test_docs_table_gives_the_client_budgets_default_sweep() -> None:
+    """The page's recovered/slow/stuck counts for grpc-a6 and aws-quota are the default grid's."""
+    defaults = {p.name: p.default for p in simulate_command.params}
+    names = "grpc-a6,aws-quota"
+    depths, durations, strategies = _metastable.parse_grid(
+        str(defaults["depths"]), str(defaults["durations"]), names
+    )
+    rows = sweep(
+        MetastableConfig(), depths, durations, int(str(defaults["seed"])), strategies=strategies
+    )
+    text = PAGE.read_text(encoding="utf-8")
+    for name in strategies:
+        mine = [r for r in rows if r.strategy == name]
+        counts = [
+            sum(r.state == state for r in mine) for state in ("recovered", "recovering", "stuck")
+        ]
+        amplification = max(r.amplification for r in mine)
+        line = f"| `{name}` | {counts[0]} | {counts[1]} | {counts[2]} | "
+        assert line in text, (line, amplification)
+        assert f"-- {amplification:.3f} |" in text

@@ -335,7 +335,7 @@ def _checked(call: Callable[[], _T]) -> _T:
 @_option(
     "--strategies",
     str,
-    "none,budget,sre-throttle,admission",
+    ",".join(_metastable.DEFAULT_STRATEGIES),
     "metastable: strategies to compare (comma list).",
 )
 @click.option("--plot/--no-plot", default=True, show_default=True, help="Draw PNG plots.")

@@ -25,11 +25,18 @@
 #                   attempts refused locally, the refused call gives up
 #     admission     core._admission_control.AdmissionControlCore (Envoy's) in front
 #                   of the server: refused attempts fail fast, cost the server nothing
+#     grpc-a6       the client's RetryThrottling (gRPC A6): max_tokens, every failed
+#                   attempt -1, every success +token_ratio; a retry only while the
+#                   count is above max_tokens / 2
+#     aws-quota     the client's RetryQuota (the AWS SDKs' retry quota): 500 tokens,
+#                   a retry after a timeout (transient) costs retry_cost, a first
+#                   attempt's success adds success_increment, a retry's success
+#                   refunds its price
 #
-# STRATEGIES is a registry of factories (config -> Strategy); `budget_strategy`
-# adapts any budget core shaped like RetryBudgetCore (record_request(now),
-# try_retry(now), optionally an outcome hook), so further budgets (gRPC A6 retry
-# throttling, the AWS retry quota) join the sweep with one register() call.
+# STRATEGIES (in _metastable_strategies.py, re-exported here) is a registry of
+# factories (config -> Strategy); `budget_strategy` adapts any budget core shaped
+# like RetryBudgetCore and `token_budget_strategy` any budget that records
+# outcomes, so further budgets join the sweep with one register() call.
 #
 # Figures per cell: a second is bad when more than `bad_share` of the attempt
 # outcomes learnt in it are failures (timeouts, refusals, local throttling);
@@ -51,28 +58,37 @@ import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .._errors import ConfigError
-from ..core._admission_control import AdmissionControlCore
 from ..core._backoff import FullJitter
-from ..core._budget import RetryBudgetCore
 from ..core._policy import GiveUp, RetryFailure, RetryPolicy, RetryState, decide
-from ..core._throttle import AdaptiveThrottleCore
+from ..protection._quota import RetryQuota, RetryThrottling
 from ._engine import py_rng
+from ._metastable_strategies import (
+    DEFAULT_STRATEGIES,
+    STRATEGIES,
+    Strategy,
+    StrategyFactory,
+    budget_strategy,
+    register,
+    token_budget_strategy,
+)
 
 __all__ = [
+    "DEFAULT_STRATEGIES",
     "HEADER",
     "STRATEGIES",
     "TRIGGERS",
     "MetastableConfig",
     "MetastableRow",
     "Strategy",
+    "StrategyFactory",
     "budget_strategy",
     "parse_grid",
     "register",
     "run_cell",
     "sweep",
+    "token_budget_strategy",
 ]
 
 TRIGGERS = ("capacity", "load")
@@ -112,6 +128,12 @@ class MetastableConfig:
     admission_window: float = 10.0
     admission_success_rate: float = 0.95
     admission_max_reject: float = 0.8
+    a6_max_tokens: float = 10.0
+    a6_token_ratio: float = 0.1
+    quota_capacity: float = 500.0
+    quota_retry_cost: float = 14.0
+    quota_throttling_cost: float = 5.0
+    quota_success_increment: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("rps", "capacity", "timeout", "tail", "settle"):
@@ -123,6 +145,26 @@ class MetastableConfig:
             raise ConfigError("attempts", f"must be >= 1, got {self.attempts!r}")
         if not 0 < self.bad_share < 1:
             raise ConfigError("bad_share", f"must be in (0, 1), got {self.bad_share!r}")
+        # The library's objects check their own settings; the error names ours.
+        for prefix, build in (("a6_", self.retry_throttling), ("quota_", self.retry_quota)):
+            try:
+                build()
+            except ConfigError as error:
+                field = prefix + error.field
+                raise ConfigError(field, str(error).split(": ", 1)[1]) from None
+
+    def retry_throttling(self) -> RetryThrottling:
+        """A new gRPC A6 token count with this sweep's ``a6_*`` settings."""
+        return RetryThrottling(max_tokens=self.a6_max_tokens, token_ratio=self.a6_token_ratio)
+
+    def retry_quota(self) -> RetryQuota:
+        """A new AWS retry quota with this sweep's ``quota_*`` settings."""
+        return RetryQuota(
+            capacity=self.quota_capacity,
+            retry_cost=self.quota_retry_cost,
+            throttling_cost=self.quota_throttling_cost,
+            success_increment=self.quota_success_increment,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,117 +180,6 @@ class MetastableRow:
     failed: float
     amplification: float
     state: str = "recovered"
-
-
-class Strategy:
-    """A protection strategy's hooks into the simulated calls (the default: none).
-
-    ``first(now)``: a call's first attempt is made; ``client_allows(now, rng)``:
-    the client may send an attempt now; ``may_retry(now)``: a failed call may retry;
-    ``client_outcome(now, ok)``: the client learnt an attempt's outcome;
-    ``server_admits(now, rng)``: the server side takes the attempt;
-    ``server_outcome(now, ok)``: an attempt the server took ended.
-    """
-
-    def first(self, now: float) -> None:
-        return None
-
-    def client_allows(self, now: float, rng: random.Random) -> bool:
-        return True
-
-    def may_retry(self, now: float) -> bool:
-        return True
-
-    def client_outcome(self, now: float, ok: bool) -> None:
-        return None
-
-    def server_admits(self, now: float, rng: random.Random) -> bool:
-        return True
-
-    def server_outcome(self, now: float, ok: bool) -> None:
-        return None
-
-
-class _Budget(Strategy):
-    def __init__(self, core: Any, on_outcome: Callable[[Any, float, bool], None] | None) -> None:
-        self.core = core
-        self.on_outcome = on_outcome
-
-    def first(self, now: float) -> None:
-        self.core.record_request(now)
-
-    def may_retry(self, now: float) -> bool:
-        return bool(self.core.try_retry(now))
-
-    def client_outcome(self, now: float, ok: bool) -> None:
-        if self.on_outcome is not None:
-            self.on_outcome(self.core, now, ok)
-
-
-def budget_strategy(
-    core: Any, *, on_outcome: Callable[[Any, float, bool], None] | None = None
-) -> Strategy:
-    """A strategy around a retry-budget core shaped like ``RetryBudgetCore``:
-    ``record_request(now)`` on every first attempt, ``try_retry(now)`` before every
-    retry, and ``on_outcome(core, now, ok)`` (if given) after every attempt -- for
-    token-bucket budgets (gRPC A6 throttling, the AWS retry quota) that refill on
-    success and drain on failure."""
-    return _Budget(core, on_outcome)
-
-
-class _Throttle(Strategy):
-    def __init__(self, core: AdaptiveThrottleCore) -> None:
-        self.core = core
-
-    def client_allows(self, now: float, rng: random.Random) -> bool:
-        return self.core.request(now, rng)
-
-    def client_outcome(self, now: float, ok: bool) -> None:
-        if ok:
-            self.core.accept(now)
-
-
-class _Admission(Strategy):
-    def __init__(self, core: AdmissionControlCore) -> None:
-        self.core = core
-
-    def server_admits(self, now: float, rng: random.Random) -> bool:
-        return self.core.admits(now, rng)
-
-    def server_outcome(self, now: float, ok: bool) -> None:
-        self.core.record(now, ok)
-
-
-StrategyFactory = Callable[[MetastableConfig], Strategy]
-
-STRATEGIES: dict[str, StrategyFactory] = {
-    "none": lambda config: Strategy(),
-    "budget": lambda config: budget_strategy(
-        RetryBudgetCore(
-            ratio=config.budget_ratio,
-            min_per_second=config.budget_min_per_second,
-            window=config.budget_window,
-        )
-    ),
-    "sre-throttle": lambda config: _Throttle(
-        AdaptiveThrottleCore(k=config.throttle_k, window=config.throttle_window)
-    ),
-    "admission": lambda config: _Admission(
-        AdmissionControlCore(
-            window=config.admission_window,
-            success_rate=config.admission_success_rate,
-            max_reject=config.admission_max_reject,
-            min_rps=1.0,
-        )
-    ),
-}
-
-
-def register(name: str, factory: StrategyFactory) -> None:
-    """Add a strategy to the sweep (``stormguard simulate metastable --strategies``)."""
-    if not name or "," in name:
-        raise ConfigError("strategy", f"a name without commas, got {name!r}")
-    STRATEGIES[name] = factory
 
 
 def run_cell(
@@ -321,7 +252,7 @@ def run_cell(
             continue
         ok = kind == 1
         outcomes[second] += 1
-        guard.client_outcome(now, ok)
+        guard.client_outcome(now, ok, state.attempts > 1)
         if kind != 3:
             guard.server_outcome(now, ok)
         if ok:
@@ -363,7 +294,7 @@ def sweep(
     durations: Sequence[float],
     seed: int,
     *,
-    strategies: Iterable[str] = ("none", "budget", "sre-throttle", "admission"),
+    strategies: Iterable[str] = DEFAULT_STRATEGIES,
     triggers: Iterable[str] = TRIGGERS,
     tick: Callable[[float], None] | None = None,
 ) -> list[MetastableRow]:
