@@ -316,9 +316,7 @@ class Upstream(_Model):
             raise ValueError("'targets' must list at least one URL")
         schemes = {_scheme(t) for t in self.all_targets}
         if len(schemes) != 1:
-            raise ValueError(
-                f"targets must share one scheme, got {', '.join(sorted(schemes))}"
-            )
+            raise ValueError(f"targets must share one scheme, got {', '.join(sorted(schemes))}")
         if self.tls is not None and not schemes <= {"https", "wss"}:
             raise ValueError("'tls' applies to https:// (or wss://) targets only")
         return self
