@@ -9,6 +9,7 @@ errors naming the field.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,15 @@ def test_https_client_to_an_http_upstream(
     }
     with pytest.raises(httpx.TransportError):  # plain HTTP is not spoken there
         httpx.get(f"http://127.0.0.1:{gw.http_port}/echo", timeout=5)
+    older = _trusting(server)  # a TLS 1.2 client is served too, with an AEAD suite
+    older.maximum_version = ssl.TLSVersion.TLSv1_2
+    with (
+        socket.create_connection(("127.0.0.1", gw.http_port), timeout=5) as raw,
+        older.wrap_socket(raw, server_hostname="127.0.0.1") as secure,
+    ):
+        cipher, version, _ = secure.cipher()
+        assert version == "TLSv1.2"
+        assert "GCM" in cipher or "CHACHA20" in cipher
 
 
 def test_client_certificates_are_required_with_client_ca(
