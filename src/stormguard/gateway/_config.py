@@ -441,7 +441,7 @@ class Route(_Model):
             if not 0 < delay <= 60:
                 raise ValueError(f"delay must be more than 0 and at most 60 seconds, got {delay!r}")
             return value
-        if value != "reject":
+        if value != "reject" and not isinstance(value, Delay):
             raise ValueError(f"must be {usage}, got {value!r}")
         return value
 
