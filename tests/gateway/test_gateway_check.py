@@ -120,7 +120,10 @@ def test_a_good_delay_passes(tmp_path: Path) -> None:
 
 def test_tls_files_are_checked(tmp_path: Path) -> None:
     """The listener's certificate files are loaded by `check`: a missing one is named."""
-    listen = "listen:\n  http:\n    address: 127.0.0.1:8443\n    tls: {cert: gone.pem, key: gone-key.pem}\n"
+    listen = (
+        "listen:\n  http:\n    address: 127.0.0.1:8443\n"
+        "    tls: {cert: gone.pem, key: gone-key.pem}\n"
+    )
     code, lines = _check(tmp_path, listen + UPSTREAM + ROUTE)
     assert code == 1
     assert lines == [
