@@ -39,14 +39,16 @@ class Upstream:
     port: int
     name: str
     proc: subprocess.Popen[bytes] | None = None
+    tls: tuple[str, str] | None = None  # (cert file, key file): serve https
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         """Start (or restart) on the same port."""
         cmd = [sys.executable, str(HERE / "upstream.py"), str(self.port), self.name]
+        cmd += list(self.tls or ())
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_started(lambda: listening(self.port), self.proc, f"upstream {self.name}")
 
@@ -73,14 +75,15 @@ class Gateway:
     workers: int = 1
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(default_factory=Path)
+    tls: bool = False  # the listener serves https / wss
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.http_port}"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.http_port}"
+        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.http_port}"
 
     def write(self, config: dict[str, Any] | str) -> None:
         """Rewrite the config file (a dict as YAML, or raw text)."""
@@ -150,8 +153,8 @@ def upstream_factory() -> Iterator[Callable[[str], Upstream]]:
     """Start upstream processes; all are stopped after the test."""
     started: list[Upstream] = []
 
-    def make(name: str = "upstream") -> Upstream:
-        up = Upstream(free_port(), name)
+    def make(name: str = "upstream", *, tls: tuple[str, str] | None = None) -> Upstream:
+        up = Upstream(free_port(), name, tls=tls)
         up.start()
         started.append(up)
         return up
@@ -166,14 +169,26 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     """Start gateway processes from config dicts; all are stopped after the test."""
     started: list[Gateway] = []
 
-    def make(config: dict[str, Any], *, workers: int = 1, start: bool = True) -> Gateway:
+    def make(
+        config: dict[str, Any],
+        *,
+        workers: int = 1,
+        start: bool = True,
+        tls: dict[str, Any] | None = None,
+    ) -> Gateway:
+        """``tls``: the listener's ``listen.http.tls`` settings (it serves https)."""
         given = dict(config)
         for tries_left in reversed(range(3)):
             n = len(started)
             http_port, admin_port = free_port(), free_port()
             config = dict(given)
+            address = f"127.0.0.1:{http_port}"
             config.setdefault(
-                "listen", {"http": f"127.0.0.1:{http_port}", "admin": f"127.0.0.1:{admin_port}"}
+                "listen",
+                {
+                    "http": {"address": address, "tls": tls} if tls else address,
+                    "admin": f"127.0.0.1:{admin_port}",
+                },
             )
             config.setdefault("access_log", True)
             gw = Gateway(
@@ -183,6 +198,7 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
                 admin_port,
                 workers,
                 log=tmp_path / f"gateway{n}.log",
+                tls=tls is not None,
             )
             gw.write(config)
             started.append(gw)

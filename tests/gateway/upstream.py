@@ -1,4 +1,5 @@
-"""A small upstream for the gateway tests: ``python upstream.py PORT [NAME]``.
+"""A small upstream for the gateway tests: ``python upstream.py PORT [NAME [CERT KEY]]``
+(with CERT and KEY it serves https and wss).
 
 Endpoints: ``/echo`` (method, path, headers and body size as JSON), ``/status/N``,
 ``/slow?s=SECONDS``, ``/stream?n=N`` (N chunks), ``/big?n=BYTES``, ``/count``
@@ -90,10 +91,17 @@ def main() -> None:
     app.router.add_get("/big", big)
     app.router.add_get("/count", count)
     app.router.add_get("/ws", ws)
+    context = None
+    if len(sys.argv) > 4:  # CERT KEY: serve https (and wss)
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[3], sys.argv[4])
     web.run_app(
         app,
         host="127.0.0.1",
         port=int(sys.argv[1]),
+        ssl_context=context,
         print=None,
         access_log=None,
         handler_cancellation=True,

@@ -9,6 +9,7 @@ protection, limiting and stores rather than rewritten:
 * ``_upstream``: per upstream its targets, connection pool, breaker, bulkhead, budget;
 * ``_proxy`` / ``_ws``: the HTTP and WebSocket legs; ``_wire``: proxy headers;
 * ``_metrics`` / ``_app``: Prometheus metrics, /status, the admin app;
+* ``_tls``: the listener's and the upstreams' TLS contexts;
 * ``_serve`` / ``_cli``: uvicorn, signals, reload, workers, the command.
 
 The gRPC leg lives in ``_grpc*.py`` beside these.

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._errors import MissingExtra
 
+if TYPE_CHECKING:
+    from ._config import GatewayConfig
+
 __all__ = ["gateway_group"]
 
 
-def _load(path: str, workers: int) -> object:
+def _load(path: str, workers: int) -> GatewayConfig:
     try:
         from ._config import GatewayConfigError, check_workers, load_config
     except ImportError as exc:
@@ -67,6 +70,10 @@ def gateway_group(ctx: click.Context, config_path: str | None, workers: int) -> 
 def check_command(path: str, workers: int) -> None:
     """Validate a gateway config file; exit 0 when valid, 1 with every error otherwise."""
     config = _load(path, workers)
-    n_routes = len(config.routes)  # type: ignore[attr-defined]
-    n_up = len(config.upstreams)  # type: ignore[attr-defined]
+    from ._config import config_warnings
+
+    for line in config_warnings(config):
+        click.echo(f"{path}: warning: {line}", err=True)
+    n_routes = len(config.routes)
+    n_up = len(config.upstreams)
     click.echo(f"{path}: ok ({n_up} upstream(s), {n_routes} route(s))")

@@ -20,7 +20,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .._errors import ConfigError, StormguardError
 from ..stores import _REDIS_SCHEMES
@@ -29,9 +38,13 @@ __all__ = [
     "ALGORITHMS",
     "GatewayConfig",
     "GatewayConfigError",
+    "HttpListener",
     "Limit",
+    "ListenTLS",
     "Route",
     "Upstream",
+    "UpstreamTLS",
+    "config_warnings",
     "load_config",
     "parse_config",
 ]
@@ -78,19 +91,93 @@ def split_hostport(value: str) -> tuple[str, int]:
     return match["host"].strip("[]"), int(match["port"])
 
 
-class Listen(_Model):
-    """Where the gateway listens: ``http`` (HTTP + WebSocket), ``grpc``, ``admin``."""
+class ListenTLS(_Model):
+    """TLS on the HTTP listener: ``cert`` and ``key`` (PEM), ``client_ca`` to require
+    client certificates signed by that CA (mutual TLS). Relative paths are taken from
+    the config file's directory."""
 
-    http: str = "127.0.0.1:8080"
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    @field_validator("cert", "key", "client_ca")
+    @classmethod
+    def _path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _resolve(value, info)
+
+
+class HttpListener(_Model):
+    """The mapping form of ``listen.http``: ``{address: host:port, tls: {...}}``."""
+
+    address: str = "127.0.0.1:8080"
+    tls: ListenTLS | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_hostport(value)
+        return value
+
+
+class Listen(_Model):
+    """Where the gateway listens: ``http`` (HTTP + WebSocket; ``host:port`` or
+    ``{address, tls}``), ``grpc``, ``admin``.
+
+    ``http`` reads as the address whichever form was written; ``http_tls`` holds
+    the listener's TLS settings (None: plain HTTP)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+    http_listener: HttpListener = Field(default_factory=HttpListener, alias="http")
     grpc: str | None = None
     admin: str | None = "127.0.0.1:9901"
 
-    @field_validator("http", "grpc", "admin")
+    @field_validator("http_listener", mode="before")
+    @classmethod
+    def _http(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            split_hostport(value)  # the error is at listen.http itself
+            return {"address": value}
+        return value
+
+    @field_validator("grpc", "admin")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         if value is not None:
             split_hostport(value)
         return value
+
+    @property
+    def http(self) -> str:
+        """The HTTP listener's ``host:port``."""
+        return self.http_listener.address
+
+    @property
+    def http_tls(self) -> ListenTLS | None:
+        """The HTTP listener's TLS settings (None: plain HTTP)."""
+        return self.http_listener.tls
+
+    @property
+    def http_scheme(self) -> str:
+        """``https`` when the listener has TLS, else ``http``."""
+        return "https" if self.http_listener.tls is not None else "http"
+
+
+_ANY = {"0.0.0.0", "::", ""}  # a wildcard address overlaps every address on its port
+
+
+def _resolve(value: str | None, info: ValidationInfo) -> str | None:
+    # Relative file names are relative to the config file (load_config passes its
+    # directory in the validation context).
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("must name a file")
+    base = (info.context or {}).get("base")
+    path = Path(value).expanduser()
+    if base is not None and not path.is_absolute():
+        path = Path(base) / path
+    return str(path)
 
 
 class Clients(_Model):
@@ -161,16 +248,65 @@ class EjectSettings(_Model):
     duration: Seconds = Field(10.0, alias="for")
 
 
+class UpstreamTLS(_Model):
+    """TLS to an upstream's ``https://``/``wss://`` targets: ``ca`` (PEM bundle; default
+    the system CAs), a client certificate ``cert`` + ``key``, the ``server_name`` to send
+    and check (default the target's host), ``verify: false`` to check nothing (``gateway
+    check`` warns). Relative paths are taken from the config file's directory."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+    verify: bool = True
+
+    @field_validator("ca", "cert", "key")
+    @classmethod
+    def _path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _resolve(value, info)
+
+    @field_validator("server_name")
+    @classmethod
+    def _server_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", value):
+            raise ValueError(f"must be a host name, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _pair(self) -> UpstreamTLS:
+        if self.key is not None and self.cert is None:
+            raise ValueError("'key' needs 'cert' (the client certificate)")
+        return self
+
+
+_SCHEMES = ("http", "https", "ws", "wss", "grpc")
+
+
+def _target_url(value: str) -> str:
+    scheme = _scheme(value)
+    if not scheme:
+        raise ValueError(
+            f"{value!r} has no scheme; write it as http://{value} (or https://, grpc://)"
+        )
+    if scheme not in _SCHEMES:
+        raise ValueError(f"unsupported scheme {scheme + '://'!r} in {value!r} (http, https, grpc)")
+    return value
+
+
+TargetURL = Annotated[str, AfterValidator(_target_url)]
+
+
 class Upstream(_Model):
     """One upstream service: ``url`` or ``targets`` (round-robin), and its protection."""
 
-    url: str | None = None
-    targets: list[str] | None = None
+    url: TargetURL | None = None
+    targets: list[TargetURL] | None = None
     timeout: Timeout = Timeout()
     breaker: BreakerSettings | None = None
     bulkhead: BulkheadSettings | None = None
     retries: RetrySettings | None = None
     eject: EjectSettings = Field(default_factory=lambda: EjectSettings.model_validate({}))
+    tls: UpstreamTLS | None = None
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -179,8 +315,10 @@ class Upstream(_Model):
         if self.targets is not None and not self.targets:
             raise ValueError("'targets' must list at least one URL")
         schemes = {_scheme(t) for t in self.all_targets}
-        if not schemes <= {"http", "https", "ws", "wss", "grpc"} or len(schemes) != 1:
-            raise ValueError(f"targets must share one scheme of http, https or grpc: {schemes}")
+        if len(schemes) != 1:
+            raise ValueError(f"targets must share one scheme, got {', '.join(sorted(schemes))}")
+        if self.tls is not None and not schemes <= {"https", "wss"}:
+            raise ValueError("'tls' applies to https:// (or wss://) targets only")
         return self
 
     @property
@@ -192,6 +330,11 @@ class Upstream(_Model):
     def is_grpc(self) -> bool:
         """Whether the upstream speaks gRPC (served by the gRPC proxy)."""
         return _scheme(self.all_targets[0]) == "grpc"
+
+    @property
+    def secure(self) -> bool:
+        """Whether the targets are reached over TLS (``https://`` / ``wss://``)."""
+        return _scheme(self.all_targets[0]) in ("https", "wss")
 
 
 def _scheme(url: str) -> str:
@@ -282,6 +425,25 @@ class Route(_Model):
     websocket: WebSocketSettings | None = None
     refuse_with: Literal["unavailable", "resource_exhausted"] = "unavailable"
     max_body: Annotated[int, Field(ge=0)] | None = None
+
+    @field_validator("on_limit", mode="before")
+    @classmethod
+    def _on_limit(cls, value: Any) -> Any:
+        # One message for each mistake, not one per branch of the union.
+        usage = "'reject' or {delay: SECONDS} (0 < SECONDS <= 60)"
+        if isinstance(value, Mapping):
+            unknown = sorted(str(k) for k in value if k != "delay")
+            if unknown:
+                raise ValueError(f"unknown key {unknown[0]!r}; on_limit is {usage}")
+            delay = value.get("delay")
+            if isinstance(delay, bool) or not isinstance(delay, int | float):
+                raise ValueError(f"delay must be a number of seconds, got {delay!r}")
+            if not 0 < delay <= 60:
+                raise ValueError(f"delay must be more than 0 and at most 60 seconds, got {delay!r}")
+            return value
+        if value != "reject" and not isinstance(value, Delay):
+            raise ValueError(f"must be {usage}, got {value!r}")
+        return value
 
     @field_validator("methods")
     @classmethod
@@ -505,8 +667,14 @@ def parse_config(
     *,
     fmt: str | None = None,
     env: Mapping[str, str] | None = None,
+    base: str | Path | None = None,
 ) -> GatewayConfig:
     """Validate a configuration document (YAML by default; ``fmt="toml"`` for TOML).
+
+    Relative TLS file names are taken from ``base`` (load_config: the file's
+    directory; else the working directory). The TLS files are loaded here, so a
+    missing file, a key that does not match its certificate or an unreadable CA is
+    reported at its field.
 
     Raises :class:`GatewayConfigError` listing every mistake as
     ``source:line:col: dotted.path: message``.
@@ -532,7 +700,7 @@ def parse_config(
         problems.append(((), f"the document must be a mapping, got {type(data).__name__}"))
     else:
         try:
-            config = GatewayConfig.model_validate(data)
+            config = GatewayConfig.model_validate(data, context={"base": base})
         except ValidationError as exc:
             for error in exc.errors():
                 loc = _model_path(error["loc"])
@@ -541,6 +709,9 @@ def parse_config(
                     message = "unknown key"
                 problems.append((loc, message.removeprefix("Value error, ")))
         problems.extend(_references(data))
+        if config is not None:
+            problems.extend(_listener_problems(config))
+            problems.extend(_tls_problems(config))
     if problems:
         raise GatewayConfigError(
             [
@@ -596,7 +767,62 @@ def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> Ga
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise GatewayConfigError([f"{path}:1:1: <top>: cannot read: {exc.strerror}"]) from None
-    return parse_config(text, str(path), env=env)
+    return parse_config(text, str(path), env=env, base=path.parent)
+
+
+def _listener_problems(config: GatewayConfig) -> list[tuple[FieldPath, str]]:
+    # Two listeners on one address: the second bind would fail at start.
+    problems: list[tuple[FieldPath, str]] = []
+    seen: list[tuple[str, int, str]] = []
+    for name in ("http", "grpc", "admin"):
+        address = getattr(config.listen, name)
+        if address is None:
+            continue
+        host, port = split_hostport(address)
+        for other_host, other_port, other in seen:
+            if port == other_port and (host == other_host or _ANY & {host, other_host}):
+                clash = (
+                    f"is listen.{other}'s address too"
+                    if (host, port) == (other_host, other_port)
+                    else f"overlaps listen.{other} ({getattr(config.listen, other)})"
+                )
+                problems.append(
+                    (("listen", name), f"{address} {clash}; give each listener its own port")
+                )
+                break
+        seen.append((host, port, name))
+    return problems
+
+
+def _tls_problems(config: GatewayConfig) -> list[tuple[FieldPath, str]]:
+    # Build every TLS context once, so that what would fail at start fails here.
+    from ._tls import TLSSettingError, build_client_context, build_server_context
+
+    problems: list[tuple[FieldPath, str]] = []
+    tls = config.listen.http_tls
+    if tls is not None:
+        try:
+            build_server_context(tls)
+        except TLSSettingError as exc:
+            problems.append((("listen", "http", "tls", exc.field), exc.message))
+    for name, upstream in config.upstreams.items():
+        if upstream.tls is not None:
+            try:
+                build_client_context(upstream.tls)
+            except TLSSettingError as exc:
+                problems.append((("upstreams", name, "tls", exc.field), exc.message))
+    return problems
+
+
+def config_warnings(config: GatewayConfig) -> list[str]:
+    """What is valid but unsafe (``gateway check`` prints these): an upstream whose
+    TLS certificate is not verified."""
+    return [
+        f"upstreams.{name}.tls.verify: false: the upstream's certificate and name are "
+        "not checked (anyone on the path can answer for it)"
+        for name, upstream in config.upstreams.items()
+        if upstream.tls is not None and not upstream.tls.verify
+    ]
 
 
 def check_workers(config: GatewayConfig, workers: int, source: str = "<config>") -> None:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
@@ -31,6 +32,9 @@ import httptools
 
 from ._config import Timeout
 from ._outbox import Outbox
+
+log = logging.getLogger("stormguard.gateway")
+_TLS_LOG_EVERY = 10.0  # seconds between two log lines of one target's failing handshake
 
 __all__ = [
     "ConnectTimeout",
@@ -82,14 +86,28 @@ class ReadTimeout(UpstreamError, TimeoutError):
 class _Endpoint:
     """Where one target's connections go (parsed once)."""
 
-    __slots__ = ("host", "host_header", "idle", "port", "prefix", "ssl")
+    __slots__ = (
+        "host",
+        "host_header",
+        "idle",
+        "port",
+        "prefix",
+        "server_name",
+        "ssl",
+        "tls_logged",
+    )
 
-    def __init__(self, base: str) -> None:
+    def __init__(
+        self, base: str, tls: ssl.SSLContext | None = None, server_name: str | None = None
+    ) -> None:
         parts = urlsplit(base)
         secure = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if secure else 80)
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if secure else None
+        self.ssl: ssl.SSLContext | None = (tls or ssl.create_default_context()) if secure else None
+        # The name sent in SNI and checked against the certificate (upstreams.NAME.tls).
+        self.server_name = (server_name or self.host) if secure else None
+        self.tls_logged = -_TLS_LOG_EVERY  # loop time of the last TLS failure logged
         self.host_header = parts.netloc.encode("latin-1")
         self.prefix = parts.path.rstrip("/").encode("latin-1")
         self.idle: list[_Connection] = []
@@ -425,8 +443,16 @@ class H1Pool:
     """Keep-alive HTTP/1.1 connections to the targets of one upstream: at most
     ``limit`` open, with the upstream's connect/read/total ``timeout``."""
 
-    def __init__(self, limit: int, timeout: Timeout) -> None:
+    def __init__(
+        self,
+        limit: int,
+        timeout: Timeout,
+        *,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+    ) -> None:
         self.limit = limit
+        self.tls, self.server_name = tls, server_name  # for https:// targets
         self.connect_timeout = timeout.connect
         self.read_timeout = read = timeout.read
         self.total_timeout = total = timeout.total
@@ -484,7 +510,7 @@ class H1Pool:
     def _endpoint(self, base: str) -> _Endpoint:
         endpoint = self._endpoints.get(base)
         if endpoint is None:
-            endpoint = self._endpoints[base] = _Endpoint(base)
+            endpoint = self._endpoints[base] = _Endpoint(base, self.tls, self.server_name)
         return endpoint
 
     async def _connection(self, endpoint: _Endpoint) -> tuple[_Connection, bool]:
@@ -519,7 +545,7 @@ class H1Pool:
                     endpoint.host,
                     endpoint.port,
                     ssl=endpoint.ssl,
-                    server_hostname=endpoint.host if endpoint.ssl else None,
+                    server_hostname=endpoint.server_name,
                 ),
                 self.connect_timeout,
             )
@@ -533,6 +559,18 @@ class H1Pool:
         except OSError as exc:
             self.open -= 1
             self._wake_one()
+            if (
+                isinstance(exc, ssl.SSLError)
+                and loop.time() - endpoint.tls_logged >= _TLS_LOG_EVERY
+            ):
+                endpoint.tls_logged = loop.time()  # a wrong CA or name: say why, now and then
+                log.warning(
+                    "TLS to upstream %s:%s (server name %r) failed: %s",
+                    endpoint.host,
+                    endpoint.port,
+                    endpoint.server_name,
+                    exc,
+                )
             raise UpstreamConnectError(
                 f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}"
             ) from exc

@@ -216,10 +216,14 @@ class StatusBuilder:
     """Builds /status and /metrics from one registry (the worker's or the merged one)."""
 
     def __init__(
-        self, metrics: GatewayMetrics | None, upstreams: dict[str, dict[str, Any]]
+        self,
+        metrics: GatewayMetrics | None,
+        upstreams: dict[str, dict[str, Any]],
+        listener: dict[str, Any] | None = None,
     ) -> None:
         self._metrics = metrics
         self.upstreams = upstreams  # name -> static facts (targets, limits) from the config
+        self.listener = listener or {}  # the proxy listener: url, tls, client certificates
         self._history: deque[tuple[float, float]] = deque()
 
     def registry(self) -> Any:
@@ -300,6 +304,7 @@ class StatusBuilder:
         first_t, first_total = history[0]
         rate = (total - first_total) / (now - first_t) if now - first_t > 0 else 0.0
         return {
+            "listener": self.listener,
             "upstreams": upstreams,
             "routes": routes,
             "requests_total": int(total),

@@ -51,6 +51,16 @@ def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _listener(config: GatewayConfig) -> dict[str, Any]:
+    # /status "listener": the proxy listener as clients reach it.
+    tls = config.listen.http_tls
+    return {
+        "url": f"{config.listen.http_scheme}://{config.listen.http}",
+        "tls": tls is not None,
+        "client_certificates": "required" if tls is not None and tls.client_ca else "none",
+    }
+
+
 def _server(
     app: Any, config: GatewayConfig, *, admin: bool, sock: socket.socket | None = None
 ) -> Any:
@@ -84,10 +94,27 @@ def _server(
         ws_max_size=max_ws + 1024,
         timeout_graceful_shutdown=max(int(config.drain), 1),
         timeout_keep_alive=5,
+        **({} if admin else _tls_options(config)),
     )
     server = Server(uv)
     server.sockets = [sock] if sock is not None else None
     return server
+
+
+def _tls_options(config: GatewayConfig) -> dict[str, Any]:
+    # The listener's TLS as uvicorn's public options (the same files and rule as
+    # _tls.server_context: client_ca makes a client certificate required).
+    import ssl
+
+    tls = config.listen.http_tls
+    if tls is None:
+        return {}
+    return {
+        "ssl_certfile": tls.cert,
+        "ssl_keyfile": tls.key,
+        "ssl_ca_certs": tls.client_ca,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.client_ca else ssl.CERT_NONE,
+    }
 
 
 class _Watcher:
@@ -139,7 +166,8 @@ async def _serve(
     servers = [proxy]
     admin_app = None
     if with_admin and config.listen.admin:
-        admin_app = AdminApp(StatusBuilder(gateway.metrics, _facts(config)), lambda: gateway.ready)
+        status = StatusBuilder(gateway.metrics, _facts(config), _listener(config))
+        admin_app = AdminApp(status, lambda: gateway.ready)
         servers.append(_server(admin_app, config, admin=True))
     watcher = _Watcher(path, gateway, admin_app)
     loop = asyncio.get_running_loop()
@@ -172,7 +200,8 @@ async def _serve(
 
 def _print_ready(config: GatewayConfig, workers: int) -> None:
     print(
-        f"stormguard gateway: http://{config.listen.http} (admin: {config.listen.admin}), "
+        f"stormguard gateway: {config.listen.http_scheme}://{config.listen.http} "
+        f"(admin: {config.listen.admin}), "
         f"{workers} worker{'s' if workers != 1 else ''}",
         flush=True,
     )
@@ -243,7 +272,7 @@ def _supervise(path: Path, config: GatewayConfig, workers: int) -> None:
 
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
-        status = StatusBuilder(None, _facts(config))
+        status = StatusBuilder(None, _facts(config), _listener(config))
         admin = _server(AdminApp(status, lambda: not stopping.is_set()), config, admin=True)
 
         def forward(sig: int) -> None:

@@ -9,6 +9,7 @@
 # target, and reports what happened.
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..server._admission import Admission
 from ..server._refusal import Refusal
 from ._config import Upstream as UpstreamSettings
 from ._h1client import H1Pool
+from ._tls import client_context
 
 if TYPE_CHECKING:
     import aiohttp
@@ -119,7 +121,11 @@ class UpstreamPool:
         # The proxy leg's keep-alive connections (_h1client.py); aiohttp's session is
         # made only for the WebSocket leg.
         limit = settings.bulkhead.limit if settings.bulkhead else 100
-        self.client = H1Pool(limit, settings.timeout)
+        self.tls: ssl.SSLContext | None = None  # https:// / wss:// targets (upstreams.NAME.tls)
+        self.server_name = settings.tls.server_name if settings.tls is not None else None
+        if settings.secure:
+            self.tls = client_context(settings.tls, f"upstreams.{name}.tls")
+        self.client = H1Pool(limit, settings.timeout, tls=self.tls, server_name=self.server_name)
         self._session: aiohttp.ClientSession | None = None
         self._gate = self._quick_gate()
 
@@ -314,7 +320,11 @@ class UpstreamPool:
             t = self.settings.timeout
             limit = self.settings.bulkhead.limit if self.settings.bulkhead else 100
             connector = aiohttp.TCPConnector(
-                limit=limit, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True
+                limit=limit,
+                limit_per_host=0,
+                ttl_dns_cache=300,
+                enable_cleanup_closed=True,
+                ssl=self.tls if self.tls is not None else True,
             )
             session = self._session = aiohttp.ClientSession(
                 connector=connector,

@@ -1,5 +1,6 @@
 # The header rewriting of a reverse proxy: hop-by-hop headers out (with those the
-# Connection header names), X-Forwarded-For/-Proto/-Host and Via in. Refusals are
+# Connection header names), the client's forwarding headers out unless its peer is
+# a trusted proxy, X-Forwarded-For/-Proto/-Host and Via in. Refusals are
 # rendered by the server side (server/_refusal.py).
 from __future__ import annotations
 
@@ -29,14 +30,13 @@ HOP_BY_HOP = frozenset(
 )
 # Not hop-by-hop, but the proxy rewrites them itself (the upstream client frames
 # the body: Content-Length or chunked).
-_REQUEST_DROP = HOP_BY_HOP | {
-    b"host",
-    b"expect",
-    b"via",
-    b"x-forwarded-proto",
-    b"x-forwarded-host",
-    b"content-length",
-}
+_REQUEST_DROP = HOP_BY_HOP | {b"host", b"expect", b"via", b"content-length"}
+# What a client says about the hops before the gateway: believed (kept, and
+# X-Forwarded-For appended to) only from `clients.trusted_proxies`; from anyone else
+# dropped, and the gateway's own X-Forwarded-For/-Proto/-Host written. Every
+# `x-forwarded-*` name counts (For, Proto, Host, Port, Prefix, and the rarer ones).
+_CLIENT_FORWARDING = frozenset({b"forwarded", b"x-real-ip"})
+_X_FORWARDED = b"x-forwarded-"
 VIA = b"1.1 stormguard"
 _PLAIN_TOKENS = {b"keep-alive", b"close"}  # Connection values that name no header
 _PROTO = {"http": b"http", "https": b"https", "ws": b"http", "wss": b"https"}
@@ -53,9 +53,12 @@ def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
 def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[bytes, bytes]]:
     """The headers to send upstream (name, value) as bytes.
 
-    X-Forwarded-For: the incoming chain, plus the peer, is kept only when the peer
-    is a trusted proxy; otherwise it is the peer address alone (a client cannot
-    forge it).
+    From a peer that is not a trusted proxy, the client's ``Forwarded``,
+    ``X-Real-IP`` and ``X-Forwarded-*`` are dropped and the gateway writes its own:
+    ``X-Forwarded-For`` (the peer address), ``X-Forwarded-Proto`` (``http`` or
+    ``https``) and ``X-Forwarded-Host`` (the request's Host). From a trusted proxy
+    they are kept, the peer is appended to its ``X-Forwarded-For``, and
+    ``-Proto``/``-Host`` are written only where the proxy sent none.
     """
     raw: list[tuple[bytes, bytes]] = scope["headers"]
     out: list[tuple[bytes, bytes]] = []
@@ -63,17 +66,23 @@ def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[
     forwarded: list[bytes] = []
     via = b""
     named = False  # a Connection header names more hop-by-hop headers
+    proto_sent = host_sent = False  # by a trusted proxy
     for pair in raw:
         k = pair[0]
         if k in _REQUEST_DROP:
             if k == b"host":
-                host = pair[1]
+                host = host or pair[1]
             elif k == b"via":
                 via = pair[1]
             elif k == b"connection":
                 named = True
         elif k == b"x-forwarded-for":
             forwarded.append(pair[1])
+        elif k in _CLIENT_FORWARDING or k.startswith(_X_FORWARDED):
+            if trusted_peer:
+                out.append(pair)
+                proto_sent = proto_sent or k == b"x-forwarded-proto"
+                host_sent = host_sent or k == b"x-forwarded-host"
         else:
             out.append(pair)
     if named:
@@ -83,9 +92,10 @@ def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[
     peer = str(client[0]).encode("latin-1") if client else b"unknown"
     chain = b", ".join((*forwarded, peer)) if forwarded and trusted_peer else peer
     out.append((b"X-Forwarded-For", chain))
-    scheme = scope.get("scheme", "http")
-    out.append((b"X-Forwarded-Proto", _PROTO.get(scheme) or scheme.encode("latin-1")))
-    if host:
+    if not proto_sent:
+        scheme = scope.get("scheme", "http")
+        out.append((b"X-Forwarded-Proto", _PROTO.get(scheme) or scheme.encode("latin-1")))
+    if host and not host_sent:
         out.append((b"X-Forwarded-Host", host))
     out.append((b"Via", via + b", " + VIA if via else VIA))
     return out

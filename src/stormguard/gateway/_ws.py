@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from .. import AsyncRateLimiter
@@ -23,6 +24,8 @@ from ._clients import client_id
 from ._config import WebSocketSettings
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
 from ._wire import request_headers
+
+log = logging.getLogger("stormguard.gateway")
 
 __all__ = ["WebSocketHub", "handle_websocket"]
 
@@ -230,12 +233,15 @@ async def _proxy(
             headers=headers,
             protocols=protocols,
             max_msg_size=settings.max_message,
+            server_hostname=pool.server_name if pool.tls is not None else None,
             autoping=True,
             timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
         )
     except (aiohttp.ClientError, TimeoutError) as exc:
         pool.report(target, True)
         await _record(pool, failure=True)
+        if isinstance(exc, aiohttp.ClientSSLError):  # a wrong CA or name: say why
+            log.warning("TLS to upstream %s (WebSocket) failed: %s", target.base, exc)
         status = 504 if isinstance(exc, TimeoutError) else 502
         reason = "upstream_timeout" if status == 504 else "upstream_error"
         await send_websocket_refusal(

@@ -200,6 +200,7 @@ function drawWebSockets(status) {
 }
 
 function draw(status) {
+  document.getElementById("listener").textContent = status.listener?.url || "–";
   document.getElementById("store").textContent = status.store || "–";
   document.getElementById("rate").textContent = fmt(rate((s) => s.requests_total || 0));
   document.getElementById("refused-rate").textContent =
