@@ -21,6 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ._h1client import UpstreamConnectError
+from ._history import History, Snapshot, UpstreamSnapshot, history_settings, quantile
+
 __all__ = ["BREAKER_CODES", "GatewayMetrics", "StatusBuilder", "multiprocess_dir"]
 
 BREAKER_CODES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
@@ -58,6 +61,13 @@ _COUNTERS = {
         "Requests a shadow limit would have refused (let through), by route and reason "
         "(shadow:<limit>).",
         ("route", "reason"),
+    ),
+    # issue 29: what each upstream answered (or that it did not), per attempt.
+    "answers": (
+        "upstream_answers",
+        "Upstream answers by status class (2xx, 3xx, 4xx, 5xx), or timeout / connect_error "
+        "when none came, per attempt.",
+        ("upstream", "answer"),
     ),
     "store_evictions": (
         "store_evictions",
@@ -107,6 +117,7 @@ class GatewayMetrics:
     refused_clients: Counter
     ws_messages: Counter
     shadow_refusals: Counter
+    answers: Counter
     store_evictions: Counter
     in_flight: Gauge
     bulkhead_limit: Gauge
@@ -139,6 +150,7 @@ class GatewayMetrics:
         # workers each count goes to the shared files at once, as before.
         self._counts: dict[tuple[str, str], int] = {}
         self._latencies: dict[str, list[float]] = {}  # upstream -> bucket counts + [sum]
+        self._answers: dict[tuple[str, str], int] = {}  # (upstream, answer class) -> n
         self._bounds = [*_LATENCY_BUCKETS, math.inf]
         # With --workers N the admin listener reads other processes' files: no batch.
         self._batch = multiprocess_dir() is None
@@ -157,8 +169,12 @@ class GatewayMetrics:
         for reason in reasons:
             self.shadow_refusals.labels(route, reason).inc()
 
-    def observe_latency(self, upstream: str, seconds: float) -> None:
-        """Time to an upstream's response headers."""
+    def observe_latency(self, upstream: str, seconds: float, status: int | None = None) -> None:
+        """Time to an upstream's response headers (and its ``status``, counted by class)."""
+        if status is not None:
+            key = (upstream, _CLASSES.get(status // 100, "other"))
+            answers = self._answers
+            answers[key] = answers.get(key, 0) + 1
         row = self._latencies.get(upstream)
         if row is None:
             row = self._latencies[upstream] = [0.0] * (len(self._bounds) + 1)
@@ -167,11 +183,24 @@ class GatewayMetrics:
         if not self._batch:
             self.flush()
 
+    def upstream_failed(self, upstream: str, exc: BaseException) -> None:
+        """An attempt at ``upstream`` got no answer: ``timeout`` (it went silent) or
+        ``connect_error`` (no connection, or it closed before the status line)."""
+        silent = isinstance(exc, TimeoutError) and not isinstance(exc, UpstreamConnectError)
+        key = (upstream, "timeout" if silent else "connect_error")
+        answers = self._answers
+        answers[key] = answers.get(key, 0) + 1
+        if not self._batch:
+            self.flush()
+
     def flush(self) -> None:
         """Hand the counts gathered since the last flush to the registry."""
         counts, self._counts = self._counts, {}
         for (route, outcome), n in counts.items():
             self.requests.labels(route, outcome).inc(n)
+        answers, self._answers = self._answers, {}
+        for (upstream, answer), n in answers.items():
+            self.answers.labels(upstream, answer).inc(n)
         latencies, self._latencies = self._latencies, {}
         for upstream, row in latencies.items():
             child: Any = self.latency.labels(upstream)
@@ -183,6 +212,8 @@ class GatewayMetrics:
             child._sum.inc(row[-1])
 
 
+_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+ANSWERS = ("2xx", "3xx", "4xx", "5xx", "timeout", "connect_error")
 _RATE_WINDOW = 10.0  # seconds of /status history behind requests_per_second
 
 
@@ -194,33 +225,61 @@ def _samples(registry: Any) -> dict[str, list[Any]]:
     return out
 
 
-def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    # Linear interpolation inside the bucket holding the q-th observation.
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if bound == float("inf"):
-                return prev_bound
-            span = count - prev_count
-            share = (rank - prev_count) / span if span else 0.0
-            return prev_bound + (bound - prev_bound) * share
-        prev_bound, prev_count = bound, count
-    return prev_bound
-
-
 class StatusBuilder:
     """Builds /status and /metrics from one registry (the worker's or the merged one)."""
 
     def __init__(
-        self, metrics: GatewayMetrics | None, upstreams: dict[str, dict[str, Any]]
+        self,
+        metrics: GatewayMetrics | None,
+        upstreams: dict[str, dict[str, Any]],
+        history: History | None = None,
     ) -> None:
         self._metrics = metrics
         self.upstreams = upstreams  # name -> static facts (targets, limits) from the config
         self._history: deque[tuple[float, float]] = deque()
+        self.history = History(*history_settings()) if history is None else history
+
+    def snapshot(self) -> Snapshot:
+        """The counters since start and the breakers now, for :class:`History`."""
+        samples = _samples(self.registry())
+        outcomes: dict[str, float] = {}
+        for s in samples.get("stormguard_gateway_requests_total", []):
+            outcomes[s.labels["outcome"]] = outcomes.get(s.labels["outcome"], 0.0) + s.value
+        answers: dict[str, dict[str, float]] = {name: {} for name in self.upstreams}
+        for s in samples.get("stormguard_gateway_upstream_answers_total", []):
+            row = answers.setdefault(s.labels["upstream"], {})
+            row[s.labels["answer"]] = row.get(s.labels["answer"], 0.0) + s.value
+        latency: dict[str, dict[float, float]] = {}
+        for s in samples.get("stormguard_gateway_upstream_latency_seconds_bucket", []):
+            row2 = latency.setdefault(s.labels["upstream"], {})
+            bound = float(s.labels["le"])
+            row2[bound] = row2.get(bound, 0.0) + s.value
+        breaker: dict[str, str] = {}
+        for s in samples.get("stormguard_gateway_breaker_state", []):
+            name = s.labels.get("upstream", "")
+            state = _STATES.get(s.value, "closed")
+            if BREAKER_CODES[state] >= BREAKER_CODES[breaker.get(name, "closed")]:
+                breaker[name] = state
+        names = [n for n in self.upstreams] or sorted(answers)
+        return Snapshot(
+            outcomes=outcomes,
+            upstreams={
+                name: UpstreamSnapshot(
+                    answers=answers.get(name, {}),
+                    latency=latency.get(name, {}),
+                    breaker=breaker.get(name, "closed"),
+                )
+                for name in names
+            },
+        )
+
+    def sample(self, now: float) -> None:
+        """Close the history's bucket ending at ``now`` (Unix seconds)."""
+        self.history.record(now, self.snapshot())
+
+    def history_document(self) -> dict[str, Any]:
+        """The /history JSON document."""
+        return self.history.document(ANSWERS)
 
     def registry(self) -> Any:
         """The registry to read: merged multiprocess files, or the process's own."""
@@ -241,9 +300,18 @@ class StatusBuilder:
         """The /status document (see the design document, "Gateway")."""
         samples = _samples(self.registry())
         upstreams: dict[str, dict[str, Any]] = {
-            name: {"breaker": "closed", "in_flight": 0, **facts}
+            name: {
+                "breaker": "closed",
+                "in_flight": 0,
+                "answers": dict.fromkeys(ANSWERS, 0),
+                **facts,
+            }
             for name, facts in self.upstreams.items()
         }
+        for s in samples.get("stormguard_gateway_upstream_answers_total", []):
+            if s.labels.get("upstream") in upstreams:
+                row = upstreams[s.labels["upstream"]]["answers"]
+                row[s.labels["answer"]] = row.get(s.labels["answer"], 0) + int(s.value)
         for s in samples.get("stormguard_gateway_breaker_state", []):
             if s.labels.get("upstream") in upstreams:
                 upstreams[s.labels["upstream"]]["breaker"] = _STATES.get(s.value, "closed")
@@ -256,7 +324,7 @@ class StatusBuilder:
         for name, rows in buckets.items():
             if name in upstreams:
                 rows.sort()
-                p50, p99 = _quantile(rows, 0.5), _quantile(rows, 0.99)
+                p50, p99 = quantile(rows, 0.5), quantile(rows, 0.99)
                 upstreams[name]["latency_ms"] = {
                     "p50": None if p50 is None else round(p50 * 1000, 3),
                     "p99": None if p99 is None else round(p99 * 1000, 3),
