@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from importlib import resources
 from typing import Any
 
@@ -129,9 +130,11 @@ def test_status_counts_upstream_answers_and_websocket_messages() -> None:
 @pytest.mark.redis
 @pytest.mark.slow
 def test_workers_dashboard_and_status_add_up_every_worker(
-    owned_redis: Any, upstream_factory: Any, gateway_factory: Any
+    owned_redis: Any, upstream_factory: Any, gateway_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--workers 2: the supervisor serves the page, and /status counts answers from both workers."""
+    """--workers 2: the supervisor serves the page, and /status and /history count answers
+    from both workers."""
+    monkeypatch.setenv("STORMGUARD_HISTORY_BUCKET", "0.2")
     up = upstream_factory()
     config = {
         "store": owned_redis.url,
@@ -147,7 +150,16 @@ def test_workers_dashboard_and_status_add_up_every_worker(
     assert b'<script src="/dashboard.js"' in page
     upstream = gw.status()["upstreams"]["a"]
     assert upstream["requests"] == up.seen()["n"] == 6
+    assert upstream["answers"]["2xx"] == 6
     assert upstream["routes"] == {"/": "http"}
+    for _ in range(50):  # the sampler closes a bucket every 0.2 s
+        doc = json.loads(gw.admin("/history")[1])
+        t, rates = doc["t"], doc["upstreams"]["a"]["answers"]["2xx"]
+        seen = sum(r * (t[i] - t[i - 1]) for i, r in enumerate(rates) if i > 0)
+        if round(seen) == 6:
+            break
+        threading.Event().wait(0.1)
+    assert round(seen) == 6  # both workers' answers, bucket by bucket
 
 
 def test_status_gives_every_upstream_its_answers_by_class() -> None:

@@ -1,7 +1,8 @@
 # The dashboard on the admin listener: one HTML page, one stylesheet and two small
-# scripts (the page's, and its SVG charts), shipped as package data (stormguard/gateway/static/) and served as they
-# are -- no build step, no CDN, nothing fetched from another origin (the
-# Content-Security-Policy says so to the browser). The page polls /status and
+# scripts (the page's, and its SVG charts), shipped as package data
+# (stormguard/gateway/static/) and served as they are -- no build step, no CDN,
+# nothing fetched from another origin (the Content-Security-Policy says so to the
+# browser). The page polls /status and
 # /history, which the admin listener builds from the merged metrics of every
 # worker, so with --workers N it shows the whole gateway, not one process.
 #
