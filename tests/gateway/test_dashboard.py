@@ -7,12 +7,15 @@ import json
 import re
 import threading
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from stormguard.gateway._app import AdminApp
+from stormguard.gateway._cli import gateway_group
 from stormguard.gateway._config import parse_config
 from stormguard.gateway._dashboard import DASHBOARD_PATHS
 from stormguard.gateway._h1client import ConnectTimeout, ReadTimeout, UpstreamConnectError
@@ -297,3 +300,15 @@ async def test_admin_app_samples_between_startup_and_shutdown() -> None:
     assert doc["t"][:2] == [1001.0, 1002.0]
     assert sum(doc["outcomes"]["allowed"]) > 0
     assert set(doc["upstreams"]) == {"orders", "greeter"}
+
+
+def test_gateway_start_refuses_a_bad_history_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stormguard gateway --config FILE` stops before serving, naming the variable."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(CONFIG)
+    monkeypatch.setenv("STORMGUARD_HISTORY_BUCKET", "0")
+    result = CliRunner().invoke(gateway_group, ["--config", str(path)])
+    assert result.exit_code == 1
+    assert "STORMGUARD_HISTORY_BUCKET must be a positive number of seconds" in result.output

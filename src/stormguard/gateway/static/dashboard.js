@@ -242,6 +242,7 @@ async function poll() {
 // -- the charts, from /history -------------------------------------------------------
 
 const HISTORY_POLL_MS = 1000;
+const WINDOWS = [30, 60, 120, 300, 600, 900, 1800, 3600]; // seconds shown (fitted to the data)
 const ANSWER_COLOURS = { "2xx": "#116329", "3xx": "#0349b4", "4xx": "#9a6700", "5xx": "#cf222e",
   timeout: "#6639ba", connect_error: "#24292f" };
 const ANSWER_TEXT = { timeout: "timeout", connect_error: "connect error" };
@@ -270,8 +271,13 @@ function upstreamCharts(name) {
 
 function drawHistory(doc) {
   const { lineChart, bandChart } = window.stormguardCharts;
-  const base = { t: doc.t, span: doc.span_seconds, bucket: doc.bucket_seconds };
-  document.getElementById("history-span").textContent = spanText(doc.span_seconds);
+  // The time axis fits what the gateway has kept so far (a young gateway's first
+  // seconds are not squeezed into the corner of five minutes), up to all it keeps.
+  const kept = doc.t.length ? doc.t[doc.t.length - 1] - doc.t[0] + doc.bucket_seconds : 0;
+  const span = Math.min(doc.span_seconds, WINDOWS.find((w) => w >= kept) || doc.span_seconds);
+  const base = { t: doc.t, span, bucket: doc.bucket_seconds };
+  document.getElementById("history-span").textContent = spanText(span);
+  document.getElementById("history-kept").textContent = spanText(doc.span_seconds);
   document.getElementById("history-bucket").textContent = fmt(doc.bucket_seconds, 2);
   const outcomes = doc.outcomes || {};
   const zero = doc.t.map(() => 0);
