@@ -5,7 +5,8 @@
 //                             bucket, oldest first; "" where there is no value)
 //   rect[data-state="STATE"]  a breaker band's runs, data-from / data-to in the
 //                             gateway's Unix seconds
-// Times run from the end of the history (right edge, "now") back over its span.
+// Times run from the end of the history (right edge, "now") back over its span; a
+// bucket's value is drawn as a step over the bucket, from the previous one's end.
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -109,12 +110,17 @@ function lineChart(box, opts) {
       tickText(v)));
   }
   xAxis(root, x, t1, opts.span, height);
+  // Steps: a bucket's value spans the bucket (as the band's runs do), so what
+  // happened in one second lines up with the breaker's state over that second.
+  const spans = ranges(opts.t, opts.bucket);
   for (const s of opts.series) {
     let d = "";
     let pen = false;
     s.values.forEach((v, i) => {
-      if (v === null || v === undefined || opts.t[i] < t0) { pen = false; return; }
-      d += `${pen ? "L" : "M"}${x(opts.t[i]).toFixed(1)},${y(v).toFixed(1)}`;
+      if (v === null || v === undefined || spans[i][1] < t0) { pen = false; return; }
+      const from = x(Math.max(spans[i][0], t0)).toFixed(1);
+      const level = y(v).toFixed(1);
+      d += `${pen ? "L" : "M"}${from},${level}L${x(spans[i][1]).toFixed(1)},${level}`;
       pen = true;
     });
     const attrs = { d: d || "M0,0", fill: "none", stroke: s.colour, "stroke-width": 2,

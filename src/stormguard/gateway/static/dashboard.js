@@ -1,5 +1,5 @@
 // stormguard gateway dashboard: polls /status twice a second and draws it, and
-// /history (the last few minutes, kept by the gateway) once a second for the charts
+// /history (the last few minutes, kept by the gateway) twice a bucket for the charts
 // (drawn by dashboard-charts.js). No framework, no build step. The cards' rates are
 // differences between polls over the last few seconds.
 // Contract (pinned): each upstream's breaker is an element with
@@ -241,7 +241,7 @@ async function poll() {
 
 // -- the charts, from /history -------------------------------------------------------
 
-const HISTORY_POLL_MS = 1000;
+const HISTORY_POLL_MS = 500; // at least: twice per bucket (a new bucket shows within half of one)
 const WINDOWS = [30, 60, 120, 300, 600, 900, 1800, 3600]; // seconds shown (fitted to the data)
 const ANSWER_COLOURS = { "2xx": "#116329", "3xx": "#0349b4", "4xx": "#9a6700", "5xx": "#cf222e",
   timeout: "#6639ba", connect_error: "#24292f" };
@@ -314,7 +314,7 @@ async function pollHistory() {
     const response = await fetch("/history", { cache: "no-store", signal: controller.signal });
     if (!response.ok) throw new Error("HTTP " + response.status);
     lastHistory = await response.json();
-    wait = Math.max(HISTORY_POLL_MS, lastHistory.bucket_seconds * 1000);
+    wait = Math.max(HISTORY_POLL_MS, lastHistory.bucket_seconds * 500);
     drawHistory(lastHistory);
   } catch (err) {
     // the link state is /status's to show
