@@ -217,6 +217,16 @@ ANSWERS = ("2xx", "3xx", "4xx", "5xx", "timeout", "connect_error")
 _RATE_WINDOW = 10.0  # seconds of /status history behind requests_per_second
 
 
+class _Collected:
+    # A few collectors read as one registry (what _samples needs: collect()).
+    def __init__(self, collectors: tuple[Any, ...]) -> None:
+        self._collectors = collectors
+
+    def collect(self) -> Any:
+        for collector in self._collectors:
+            yield from collector.collect()
+
+
 def _samples(registry: Any) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for family in registry.collect():
@@ -241,7 +251,7 @@ class StatusBuilder:
 
     def snapshot(self) -> Snapshot:
         """The counters since start and the breakers now, for :class:`History`."""
-        samples = _samples(self.registry())
+        samples = _samples(self._snapshot_source())
         outcomes: dict[str, float] = {}
         for s in samples.get("stormguard_gateway_requests_total", []):
             outcomes[s.labels["outcome"]] = outcomes.get(s.labels["outcome"], 0.0) + s.value
@@ -272,6 +282,15 @@ class StatusBuilder:
                 for name in names
             },
         )
+
+    def _snapshot_source(self) -> Any:
+        # In one process, only the four metrics a snapshot reads (not the per-client
+        # refusals, which grow with the clients); with workers, the merged files.
+        metrics = self._metrics
+        if multiprocess_dir() is not None or not isinstance(metrics, GatewayMetrics):
+            return self.registry()
+        metrics.flush()
+        return _Collected((metrics.requests, metrics.answers, metrics.latency, metrics.breaker))
 
     def sample(self, now: float) -> None:
         """Close the history's bucket ending at ``now`` (Unix seconds)."""
