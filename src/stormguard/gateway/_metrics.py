@@ -149,9 +149,12 @@ class GatewayMetrics:
         # the proxy leg's cost. Readers of this registry flush first. With several
         # workers each count goes to the shared files at once, as before.
         self._counts: dict[tuple[str, str], int] = {}
-        self._latencies: dict[str, list[float]] = {}  # upstream -> bucket counts + [sum]
-        self._answers: dict[tuple[str, str], int] = {}  # (upstream, answer class) -> n
+        # upstream -> latency bucket counts, their sum, then answers (see _ROW_ANSWERS)
+        self._latencies: dict[str, list[float]] = {}
         self._bounds = [*_LATENCY_BUCKETS, math.inf]
+        self._sum_at = len(self._bounds)
+        self._answers_at = self._sum_at + 1
+        self._row_size = self._answers_at + len(_ROW_ANSWERS)
         # With --workers N the admin listener reads other processes' files: no batch.
         self._batch = multiprocess_dir() is None
 
@@ -171,15 +174,13 @@ class GatewayMetrics:
 
     def observe_latency(self, upstream: str, seconds: float, status: int | None = None) -> None:
         """Time to an upstream's response headers (and its ``status``, counted by class)."""
-        if status is not None:
-            key = (upstream, _CLASSES.get(status // 100, "other"))
-            answers = self._answers
-            answers[key] = answers.get(key, 0) + 1
         row = self._latencies.get(upstream)
         if row is None:
-            row = self._latencies[upstream] = [0.0] * (len(self._bounds) + 1)
+            row = self._latencies[upstream] = [0.0] * self._row_size
         row[bisect_left(self._bounds, seconds)] += 1
-        row[-1] += seconds
+        row[self._sum_at] += seconds
+        if status is not None:  # 100..999: one cell per hundred
+            row[self._answers_at + status // 100] += 1
         if not self._batch:
             self.flush()
 
@@ -187,9 +188,10 @@ class GatewayMetrics:
         """An attempt at ``upstream`` got no answer: ``timeout`` (it went silent) or
         ``connect_error`` (no connection, or it closed before the status line)."""
         silent = isinstance(exc, TimeoutError) and not isinstance(exc, UpstreamConnectError)
-        key = (upstream, "timeout" if silent else "connect_error")
-        answers = self._answers
-        answers[key] = answers.get(key, 0) + 1
+        row = self._latencies.get(upstream)
+        if row is None:
+            row = self._latencies[upstream] = [0.0] * self._row_size
+        row[self._answers_at + (10 if silent else 11)] += 1
         if not self._batch:
             self.flush()
 
@@ -198,21 +200,29 @@ class GatewayMetrics:
         counts, self._counts = self._counts, {}
         for (route, outcome), n in counts.items():
             self.requests.labels(route, outcome).inc(n)
-        answers, self._answers = self._answers, {}
-        for (upstream, answer), n in answers.items():
-            self.answers.labels(upstream, answer).inc(n)
         latencies, self._latencies = self._latencies, {}
+        at = self._sum_at
         for upstream, row in latencies.items():
+            for i, name in enumerate(_ROW_ANSWERS, start=at + 1):
+                if row[i]:
+                    self.answers.labels(upstream, name).inc(row[i])
+            if not any(row[:at]):
+                continue  # failed attempts only: no latency observed
             child: Any = self.latency.labels(upstream)
             # The histogram's own cells (bucket i counts values <= bound i, as
             # observe() would put them; the exposition accumulates).
-            for i, count in enumerate(row[:-1]):
+            for i, count in enumerate(row[:at]):
                 if count:
                     child._buckets[i].inc(count)
-            child._sum.inc(row[-1])
+            child._sum.inc(row[at])
 
 
-_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+# A row's cells after the latency sum: statuses by hundred (0xx never happens), then
+# the attempts that got no answer.
+_ROW_ANSWERS = (
+    *("other", "1xx", "2xx", "3xx", "4xx", "5xx", "other", "other", "other", "other"),
+    *("timeout", "connect_error"),
+)
 ANSWERS = ("2xx", "3xx", "4xx", "5xx", "timeout", "connect_error")
 _RATE_WINDOW = 10.0  # seconds of /status history behind requests_per_second
 
