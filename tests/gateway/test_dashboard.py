@@ -312,3 +312,37 @@ def test_gateway_start_refuses_a_bad_history_setting(
     result = CliRunner().invoke(gateway_group, ["--config", str(path)])
     assert result.exit_code == 1
     assert "STORMGUARD_HISTORY_BUCKET must be a positive number of seconds" in result.output
+
+
+@pytest.mark.slow
+def test_status_answers_count_what_a_real_gateway_got_on_both_paths(
+    upstream_factory: Any, gateway_factory: Any
+) -> None:
+    """Each class, a timeout and a refused connection, through the callback path (GET) and
+    the ASGI path (POST with a body): /status counts each attempt once, where it happened."""
+    from net_support import free_port
+
+    up = upstream_factory()
+    live = {"url": up.url, "timeout": {"read": 0.3}}
+    dead = {"url": f"http://127.0.0.1:{free_port()}", "timeout": {"connect": 0.5}}
+    gw = gateway_factory(
+        {
+            "access_log": False,
+            "upstreams": {"live": live, "dead": dead},
+            "routes": [
+                {"path": "/echo", "upstream": "live"},
+                {"path": "/status", "upstream": "live"},
+                {"path": "/slow", "upstream": "live"},
+                {"path": "/v1", "upstream": "dead"},
+            ],
+        }
+    )
+    expected = {"/echo": 200, "/status/404": 404, "/status/503": 503, "/slow?s=2": 504}
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        for path, code in [*expected.items(), ("/v1/x", 502)]:
+            assert client.get(path).status_code == code, path
+            assert client.post(path, content=b"a body").status_code == code, path
+    answers = {name: row["answers"] for name, row in gw.status()["upstreams"].items()}
+    zero = dict.fromkeys(("2xx", "3xx", "4xx", "5xx", "timeout", "connect_error"), 0)
+    assert answers["live"] == {**zero, "2xx": 2, "4xx": 2, "5xx": 2, "timeout": 2}
+    assert answers["dead"] == {**zero, "connect_error": 2}
