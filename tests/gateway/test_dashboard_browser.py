@@ -33,8 +33,8 @@ def _unavailable(why: str) -> None:
 
 
 @pytest.fixture
-def page() -> Iterator[Any]:
-    """A Chromium page (system browser); console errors collected in ``page.errors``."""
+def browser() -> Iterator[Any]:
+    """The system Chromium, launched headless (closed after the test)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -43,23 +43,35 @@ def page() -> Iterator[Any]:
     if executable is None:
         _unavailable("no chromium executable found")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=list(BROWSER_ARGS))
-        tab = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        tab.on("pageerror", lambda e: errors.append(str(e)))
-        tab.errors = errors
+        launched = p.chromium.launch(executable_path=executable, args=list(BROWSER_ARGS))
         try:
-            yield tab
+            yield launched
         finally:
-            browser.close()
+            launched.close()
+
+
+def _tab(browser: Any, width: int) -> Any:
+    # A page ``width`` px wide; console errors collected in ``tab.errors``.
+    tab = browser.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    tab.errors = errors
+    return tab
+
+
+@pytest.fixture
+def page(browser: Any) -> Any:
+    """A Chromium page 1280 px wide; console errors collected in ``page.errors``."""
+    return _tab(browser, 1280)
 
 
 class Load:
     """Background request loops against the gateway (one keep-alive connection each)."""
 
-    def __init__(self, port: int, keys: list[str]) -> None:
+    def __init__(self, port: int, keys: list[str], path: str = "/api/echo") -> None:
         self.port = port
+        self.path = path  # read before each request: a test may change it under load
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in keys]
 
@@ -68,7 +80,7 @@ class Load:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
             try:
                 while not self.stop.is_set():
-                    conn.request("GET", "/api/echo", headers={"X-API-Key": key})
+                    conn.request("GET", self.path, headers={"X-API-Key": key})
                     conn.getresponse().read()
                     self.stop.wait(PACE)
             except (OSError, http.client.HTTPException):
@@ -154,3 +166,94 @@ def test_dashboard_shows_breaker_open_refusals_and_recovery(
     assert GREEDY not in page.content()
     assert page.query_selector_all(".history span.open")  # the outage stays in the history
     assert page.errors == []
+
+
+# What the charts show, read from the drawing (the pinned data-chart hooks):
+# a series' values and the height of its drawn line, and the breaker band's runs.
+_CHART_STATE = """([answers, refusals, band]) => {
+  const series = (chart, name) => {
+    const path = document.querySelector(`[data-chart="${chart}"] path[data-series="${name}"]`);
+    if (!path) return null;
+    return { values: path.dataset.values.split(",").map((v) => (v === "" ? null : Number(v))),
+             rise: path.getBBox().height };
+  };
+  const runs = [...document.querySelectorAll(`[data-chart="${band}"] rect[data-state]`)].map(
+    (r) => ({ state: r.dataset.state, from: Number(r.dataset.from), to: Number(r.dataset.to),
+              width: r.getBBox().width }));
+  const t = document.querySelector(`[data-chart="${answers}"] svg.plot`)?.dataset.t;
+  return { t: t ? t.split(",").map(Number) : [], fivexx: series(answers, "5xx"),
+           twoxx: series(answers, "2xx"), refused: series(refusals, "breaker_open"), runs };
+}"""
+_CHARTS = ["answers:orders", "refusals", "breaker:orders"]
+_OUTAGE_SHOWN = f"""() => {{
+  const s = ({_CHART_STATE})({_CHARTS!r});
+  return s.fivexx && s.fivexx.values.some((v) => v > 0) && s.runs.some((r) => r.state === "open");
+}}"""
+
+
+def _assert_outage_drawn(tab: Any, width: int) -> None:
+    state = tab.evaluate(_CHART_STATE, _CHARTS)
+    values, t = state["fivexx"]["values"], state["t"]
+    assert len(values) == len(t) > 0
+    first_5xx = next(i for i, v in enumerate(values) if v and v > 0)
+    assert state["fivexx"]["rise"] > 5  # drawn as a rise, not a flat line
+    assert state["twoxx"]["rise"] > 5  # the answers before the outage
+    assert any(v and v > 0 for v in state["refused"]["values"])  # breaker_open refusals
+    runs = state["runs"]
+    first_open = next(i for i, r in enumerate(runs) if r["state"] == "open")
+    assert first_open > 0 and runs[0]["state"] == "closed"  # closed, then it turned open
+    assert runs[first_open]["to"] >= t[first_5xx]  # the 5xx came first (or in the same bucket)
+    assert runs[first_open]["width"] >= 1
+    for name in ("requests", "refusals", "answers:orders", "latency:orders", "breaker:orders"):
+        box = tab.locator(f'[data-chart="{name}"]').bounding_box()
+        assert box is not None and box["width"] > 200, name
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width, name  # inside the page
+    assert tab.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
+
+
+def test_charts_show_the_outage_over_time_at_both_widths(
+    browser: Any,
+    upstream_factory: Factory,
+    gateway_factory: Factory,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Upstream answers 503 under load: the 5xx line rises, then the breaker band turns open;
+    a page opened after the outage, 390 px wide, shows it too (the history is the gateway's)."""
+    monkeypatch.setenv("STORMGUARD_HISTORY_BUCKET", "0.25")  # short buckets: a short test
+    monkeypatch.setenv("STORMGUARD_HISTORY_SECONDS", "30")
+    up = upstream_factory("orders")
+    gw = gateway_factory(
+        {
+            "access_log": False,
+            "upstreams": {
+                "orders": {
+                    "url": up.url,
+                    "breaker": {"failure_rate": 0.5, "min_calls": 5, "window": 2, "open_for": 1},
+                }
+            },
+            "routes": [{"path": "/", "upstream": "orders"}],
+        }
+    )
+    wide = _tab(browser, 1280)
+    wide.goto(f"http://127.0.0.1:{gw.admin_port}/dashboard")
+    with Load(gw.http_port, [CALM], path="/echo") as load:
+        wide.wait_for_function(
+            f"() => (({_CHART_STATE})({_CHARTS!r}).twoxx?.values || []).some((v) => v > 0)",
+            timeout=30_000,
+        )
+        load.path = "/status/503"
+        wide.wait_for_function(_OUTAGE_SHOWN, timeout=30_000)
+        load.path = "/echo"
+        wide.wait_for_selector(_breaker("closed"), timeout=30_000)
+    _assert_outage_drawn(wide, 1280)
+    wide.screenshot(path=str(tmp_path / "charts-1280.png"), full_page=True)
+    narrow = _tab(browser, 390)  # opened after the outage
+    narrow.goto(f"http://127.0.0.1:{gw.admin_port}/dashboard")
+    narrow.wait_for_function(_OUTAGE_SHOWN, timeout=30_000)
+    _assert_outage_drawn(narrow, 390)
+    narrow.screenshot(path=str(tmp_path / "charts-390.png"), full_page=True)
+    wide.set_viewport_size({"width": 390, "height": 900})  # the same page, narrowed
+    wide.wait_for_function("() => document.documentElement.scrollWidth <= 390", timeout=10_000)
+    _assert_outage_drawn(wide, 390)
+    assert wide.errors == [] and narrow.errors == []

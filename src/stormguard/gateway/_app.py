@@ -1,5 +1,6 @@
 # The gateway as two ASGI apps: the proxy (HTTP + WebSocket on `listen.http`) and
-# the admin app (`listen.admin`: /metrics, /status, /healthz, /readyz, /dashboard).
+# the admin app (`listen.admin`: /metrics, /status, /history, /healthz, /readyz,
+# /dashboard).
 #
 # `Gateway.runtime` is the one mutable reference: a reload builds a new Runtime and
 # assigns it; every request reads it once on arrival, so a request never sees half
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -98,16 +100,40 @@ class Gateway:
 
 
 class AdminApp:
-    """/metrics, /status, /healthz, /readyz (``ready`` says whether to accept traffic)."""
+    """/metrics, /status, /history, /healthz, /readyz (``ready`` says whether to accept
+    traffic).
 
-    def __init__(self, status: StatusBuilder, ready: Any = None) -> None:
+    Between lifespan startup and shutdown a sampler closes a bucket of the status
+    builder's history every ``history.bucket`` seconds (the clock is ``clock``, Unix
+    seconds), so /history holds the last few minutes whether anyone watched or not.
+    """
+
+    def __init__(
+        self, status: StatusBuilder, ready: Any = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.status = status
         self.ready = ready  # () -> bool
+        self.clock = clock
+        self._sampler: asyncio.Task[None] | None = None
+
+    async def _sample(self) -> None:
+        status = self.status
+        while True:
+            try:
+                status.sample(self.clock())
+            except Exception:  # a torn multiprocess file must not end the history
+                log.debug("history sample failed", exc_info=True)
+            await asyncio.sleep(status.history.bucket)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
+                if message["type"] == "lifespan.startup" and self._sampler is None:
+                    self._sampler = asyncio.ensure_future(self._sample())
+                elif message["type"] == "lifespan.shutdown" and self._sampler is not None:
+                    self._sampler.cancel()
+                    self._sampler = None
                 reply = message["type"] + ".complete"
                 await send({"type": reply})
                 if message["type"] == "lifespan.shutdown":
@@ -120,6 +146,9 @@ class AdminApp:
             await _send(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")
         elif path == "/status":
             body = json.dumps(self.status.status(), sort_keys=True).encode()
+            await _send(send, 200, body, b"application/json")
+        elif path == "/history":
+            body = json.dumps(self.status.history_document(), sort_keys=True).encode()
             await _send(send, 200, body, b"application/json")
         elif path == "/healthz":
             await _send(send, 200, b'{"status":"ok"}', b"application/json")

@@ -29,6 +29,13 @@ def _load(path: str, workers: int) -> GatewayConfig:
             click.echo(line, err=True)
         click.echo(f"{path}: {len(exc.errors)} error(s)", err=True)
         sys.exit(1)
+    from ._history import history_settings
+
+    try:
+        history_settings()  # the admin listener's /history ring (environment variables)
+    except ValueError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
     return config
 
 

@@ -1,13 +1,15 @@
-# The dashboard on the admin listener: one HTML page, one stylesheet and one small
-# script, shipped as package data (stormguard/gateway/static/) and served as they
-# are -- no build step, no CDN, nothing fetched from another origin (the
-# Content-Security-Policy says so to the browser). The page polls /status, which the
-# admin listener builds from the merged metrics of every worker, so with
-# --workers N it shows the whole gateway, not one process.
+# The dashboard on the admin listener: one HTML page, one stylesheet and two small
+# scripts (the page's, and its SVG charts), shipped as package data
+# (stormguard/gateway/static/) and served as they are -- no build step, no CDN,
+# nothing fetched from another origin (the Content-Security-Policy says so to the
+# browser). The page polls /status and
+# /history, which the admin listener builds from the merged metrics of every
+# worker, so with --workers N it shows the whole gateway, not one process.
 #
 # The one contract with tests and scrapers (pinned): each upstream's breaker is an
 # element with data-upstream="NAME" and data-breaker="closed|open|half_open" whose
-# visible text names the state.
+# visible text names the state; each chart is an element with data-chart="NAME"
+# (requests, refusals, answers:UPSTREAM, latency:UPSTREAM, breaker:UPSTREAM).
 from __future__ import annotations
 
 from functools import cache
@@ -23,6 +25,7 @@ _FILES = {
     "/dashboard/": ("dashboard.html", b"text/html; charset=utf-8"),
     "/dashboard.css": ("dashboard.css", b"text/css; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", b"text/javascript; charset=utf-8"),
+    "/dashboard-charts.js": ("dashboard-charts.js", b"text/javascript; charset=utf-8"),
 }
 DASHBOARD_PATHS = frozenset(_FILES)
 _POLICY = (

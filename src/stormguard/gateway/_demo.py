@@ -230,7 +230,8 @@ async def _camera(
 ) -> Callable[[], Any] | None:
     # The browser opens before the gateway run starts (it is slow to start and must
     # not eat the run's first seconds), so the page's breaker history starts green;
-    # the picture is taken well into the outage.
+    # the picture is taken late in the outage, so that its charts (a bucket or so
+    # behind) show the 5xx rise and the breaker opening after it.
     from ._dashboard_shot import Camera
 
     try:
@@ -240,7 +241,7 @@ async def _camera(
         return None
 
     async def take() -> None:
-        into_outage = phases.warmup + min(phases.outage * 0.7, 3.5)
+        into_outage = phases.warmup + min(phases.outage * 0.9, 4.5)
         await asyncio.sleep(max(up.t0 + into_outage - time.monotonic(), 0.0))
         await camera.shoot(path)
 

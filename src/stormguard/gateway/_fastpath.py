@@ -357,7 +357,9 @@ class FastExchange(_Exchange):
     # -- the answer, from the upstream connection ---------------------------------------
 
     def answer_head(self, response: H1Response) -> None:
-        self.rt.metrics.observe_latency(self.pool.name, time.perf_counter() - self.sent)
+        self.rt.metrics.observe_latency(
+            self.pool.name, time.perf_counter() - self.sent, response.status
+        )
         status = response.status
         failed = status >= 500
         pool, target = self.pool, self.target
@@ -463,6 +465,7 @@ class FastExchange(_Exchange):
             self.resend = self.proto.loop.create_task(self._resend())
             return
         if self.status == 0:  # nothing went out yet: a refusal can
+            self.rt.metrics.upstream_failed(self.pool.name, exc)
             self.pool.report(self.target, True)
             self._report(True)
             name = self.pool.name

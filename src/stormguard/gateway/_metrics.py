@@ -21,6 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ._h1client import UpstreamConnectError
+from ._history import History, Snapshot, UpstreamSnapshot, history_settings, quantile
+
 __all__ = ["BREAKER_CODES", "GatewayMetrics", "StatusBuilder", "multiprocess_dir"]
 
 BREAKER_CODES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
@@ -58,6 +61,13 @@ _COUNTERS = {
         "Requests a shadow limit would have refused (let through), by route and reason "
         "(shadow:<limit>).",
         ("route", "reason"),
+    ),
+    # issue 29: what each upstream answered (or that it did not), per attempt.
+    "answers": (
+        "upstream_answers",
+        "Upstream answers by status class (2xx, 3xx, 4xx, 5xx), or timeout / connect_error "
+        "when none came, per attempt.",
+        ("upstream", "answer"),
     ),
     "store_evictions": (
         "store_evictions",
@@ -107,6 +117,7 @@ class GatewayMetrics:
     refused_clients: Counter
     ws_messages: Counter
     shadow_refusals: Counter
+    answers: Counter
     store_evictions: Counter
     in_flight: Gauge
     bulkhead_limit: Gauge
@@ -138,8 +149,12 @@ class GatewayMetrics:
         # the proxy leg's cost. Readers of this registry flush first. With several
         # workers each count goes to the shared files at once, as before.
         self._counts: dict[tuple[str, str], int] = {}
-        self._latencies: dict[str, list[float]] = {}  # upstream -> bucket counts + [sum]
+        # upstream -> latency bucket counts, their sum, then answers (see _ROW_ANSWERS)
+        self._latencies: dict[str, list[float]] = {}
         self._bounds = [*_LATENCY_BUCKETS, math.inf]
+        self._sum_at = len(self._bounds)
+        self._answers_at = self._sum_at + 1
+        self._row_size = self._answers_at + len(_ROW_ANSWERS)
         # With --workers N the admin listener reads other processes' files: no batch.
         self._batch = multiprocess_dir() is None
 
@@ -157,13 +172,26 @@ class GatewayMetrics:
         for reason in reasons:
             self.shadow_refusals.labels(route, reason).inc()
 
-    def observe_latency(self, upstream: str, seconds: float) -> None:
-        """Time to an upstream's response headers."""
+    def observe_latency(self, upstream: str, seconds: float, status: int | None = None) -> None:
+        """Time to an upstream's response headers (and its ``status``, counted by class)."""
         row = self._latencies.get(upstream)
         if row is None:
-            row = self._latencies[upstream] = [0.0] * (len(self._bounds) + 1)
+            row = self._latencies[upstream] = [0.0] * self._row_size
         row[bisect_left(self._bounds, seconds)] += 1
-        row[-1] += seconds
+        row[self._sum_at] += seconds
+        if status is not None:  # 100..999: one cell per hundred
+            row[self._answers_at + status // 100] += 1
+        if not self._batch:
+            self.flush()
+
+    def upstream_failed(self, upstream: str, exc: BaseException) -> None:
+        """An attempt at ``upstream`` got no answer: ``timeout`` (it went silent) or
+        ``connect_error`` (no connection, or it closed before the status line)."""
+        silent = isinstance(exc, TimeoutError) and not isinstance(exc, UpstreamConnectError)
+        row = self._latencies.get(upstream)
+        if row is None:
+            row = self._latencies[upstream] = [0.0] * self._row_size
+        row[self._answers_at + (10 if silent else 11)] += 1
         if not self._batch:
             self.flush()
 
@@ -173,17 +201,40 @@ class GatewayMetrics:
         for (route, outcome), n in counts.items():
             self.requests.labels(route, outcome).inc(n)
         latencies, self._latencies = self._latencies, {}
+        at = self._sum_at
         for upstream, row in latencies.items():
+            for i, name in enumerate(_ROW_ANSWERS, start=at + 1):
+                if row[i]:
+                    self.answers.labels(upstream, name).inc(row[i])
+            if not any(row[:at]):
+                continue  # failed attempts only: no latency observed
             child: Any = self.latency.labels(upstream)
             # The histogram's own cells (bucket i counts values <= bound i, as
             # observe() would put them; the exposition accumulates).
-            for i, count in enumerate(row[:-1]):
+            for i, count in enumerate(row[:at]):
                 if count:
                     child._buckets[i].inc(count)
-            child._sum.inc(row[-1])
+            child._sum.inc(row[at])
 
 
+# A row's cells after the latency sum: statuses by hundred (0xx never happens), then
+# the attempts that got no answer.
+_ROW_ANSWERS = (
+    *("other", "1xx", "2xx", "3xx", "4xx", "5xx", "other", "other", "other", "other"),
+    *("timeout", "connect_error"),
+)
+ANSWERS = ("2xx", "3xx", "4xx", "5xx", "timeout", "connect_error")
 _RATE_WINDOW = 10.0  # seconds of /status history behind requests_per_second
+
+
+class _Collected:
+    # A few collectors read as one registry (what _samples needs: collect()).
+    def __init__(self, collectors: tuple[Any, ...]) -> None:
+        self._collectors = collectors
+
+    def collect(self) -> Any:
+        for collector in self._collectors:
+            yield from collector.collect()
 
 
 def _samples(registry: Any) -> dict[str, list[Any]]:
@@ -194,24 +245,6 @@ def _samples(registry: Any) -> dict[str, list[Any]]:
     return out
 
 
-def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    # Linear interpolation inside the bucket holding the q-th observation.
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if bound == float("inf"):
-                return prev_bound
-            span = count - prev_count
-            share = (rank - prev_count) / span if span else 0.0
-            return prev_bound + (bound - prev_bound) * share
-        prev_bound, prev_count = bound, count
-    return prev_bound
-
-
 class StatusBuilder:
     """Builds /status and /metrics from one registry (the worker's or the merged one)."""
 
@@ -220,11 +253,64 @@ class StatusBuilder:
         metrics: GatewayMetrics | None,
         upstreams: dict[str, dict[str, Any]],
         listener: dict[str, Any] | None = None,
+        history: History | None = None,
     ) -> None:
         self._metrics = metrics
         self.upstreams = upstreams  # name -> static facts (targets, limits) from the config
         self.listener = listener or {}  # the proxy listener: url, tls, client certificates
         self._history: deque[tuple[float, float]] = deque()
+        self.history = History(*history_settings()) if history is None else history
+
+    def snapshot(self) -> Snapshot:
+        """The counters since start and the breakers now, for :class:`History`."""
+        samples = _samples(self._snapshot_source())
+        outcomes: dict[str, float] = {}
+        for s in samples.get("stormguard_gateway_requests_total", []):
+            outcomes[s.labels["outcome"]] = outcomes.get(s.labels["outcome"], 0.0) + s.value
+        answers: dict[str, dict[str, float]] = {name: {} for name in self.upstreams}
+        for s in samples.get("stormguard_gateway_upstream_answers_total", []):
+            row = answers.setdefault(s.labels["upstream"], {})
+            row[s.labels["answer"]] = row.get(s.labels["answer"], 0.0) + s.value
+        latency: dict[str, dict[float, float]] = {}
+        for s in samples.get("stormguard_gateway_upstream_latency_seconds_bucket", []):
+            row2 = latency.setdefault(s.labels["upstream"], {})
+            bound = float(s.labels["le"])
+            row2[bound] = row2.get(bound, 0.0) + s.value
+        breaker: dict[str, str] = {}
+        for s in samples.get("stormguard_gateway_breaker_state", []):
+            name = s.labels.get("upstream", "")
+            state = _STATES.get(s.value, "closed")
+            if BREAKER_CODES[state] >= BREAKER_CODES[breaker.get(name, "closed")]:
+                breaker[name] = state
+        names = [n for n in self.upstreams] or sorted(answers)
+        return Snapshot(
+            outcomes=outcomes,
+            upstreams={
+                name: UpstreamSnapshot(
+                    answers=answers.get(name, {}),
+                    latency=latency.get(name, {}),
+                    breaker=breaker.get(name, "closed"),
+                )
+                for name in names
+            },
+        )
+
+    def _snapshot_source(self) -> Any:
+        # In one process, only the four metrics a snapshot reads (not the per-client
+        # refusals, which grow with the clients); with workers, the merged files.
+        metrics = self._metrics
+        if multiprocess_dir() is not None or not isinstance(metrics, GatewayMetrics):
+            return self.registry()
+        metrics.flush()
+        return _Collected((metrics.requests, metrics.answers, metrics.latency, metrics.breaker))
+
+    def sample(self, now: float) -> None:
+        """Close the history's bucket ending at ``now`` (Unix seconds)."""
+        self.history.record(now, self.snapshot())
+
+    def history_document(self) -> dict[str, Any]:
+        """The /history JSON document."""
+        return self.history.document(ANSWERS)
 
     def registry(self) -> Any:
         """The registry to read: merged multiprocess files, or the process's own."""
@@ -245,9 +331,18 @@ class StatusBuilder:
         """The /status document (see the design document, "Gateway")."""
         samples = _samples(self.registry())
         upstreams: dict[str, dict[str, Any]] = {
-            name: {"breaker": "closed", "in_flight": 0, **facts}
+            name: {
+                "breaker": "closed",
+                "in_flight": 0,
+                "answers": dict.fromkeys(ANSWERS, 0),
+                **facts,
+            }
             for name, facts in self.upstreams.items()
         }
+        for s in samples.get("stormguard_gateway_upstream_answers_total", []):
+            if s.labels.get("upstream") in upstreams:
+                row = upstreams[s.labels["upstream"]]["answers"]
+                row[s.labels["answer"]] = row.get(s.labels["answer"], 0) + int(s.value)
         for s in samples.get("stormguard_gateway_breaker_state", []):
             if s.labels.get("upstream") in upstreams:
                 upstreams[s.labels["upstream"]]["breaker"] = _STATES.get(s.value, "closed")
@@ -260,7 +355,7 @@ class StatusBuilder:
         for name, rows in buckets.items():
             if name in upstreams:
                 rows.sort()
-                p50, p99 = _quantile(rows, 0.5), _quantile(rows, 0.99)
+                p50, p99 = quantile(rows, 0.5), quantile(rows, 0.99)
                 upstreams[name]["latency_ms"] = {
                     "p50": None if p50 is None else round(p50 * 1000, 3),
                     "p99": None if p99 is None else round(p99 * 1000, 3),

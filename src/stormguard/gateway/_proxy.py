@@ -480,6 +480,7 @@ async def _attempts(
                 await _body_failed(body.error, send, ex)
                 return
             failure = _failure_of(exc)
+            rt.metrics.upstream_failed(pool.name, exc)
             pool.report(target, True)
             if permit is not None:
                 await permit.arecord(failure=True)
@@ -505,7 +506,7 @@ async def _attempts(
             if permit is not None:
                 await permit.arelease()
             raise
-        rt.metrics.observe_latency(pool.name, time.perf_counter() - sent)
+        rt.metrics.observe_latency(pool.name, time.perf_counter() - sent, response.status)
         status = response.status
         failed = status >= 500
         pool.report(target, failed)

@@ -83,7 +83,7 @@ def _server(
         app,
         host=host,
         port=port,
-        lifespan="on" if not admin else "off",
+        lifespan="on",  # the admin app's history sampler runs between startup and shutdown
         access_log=False,
         proxy_headers=False,
         server_header=False,

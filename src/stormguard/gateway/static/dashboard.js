@@ -1,6 +1,7 @@
-// stormguard gateway dashboard: polls /status twice a second and draws it.
-// No framework, no build step. Rates are differences between polls over the last
-// few seconds; the breaker history is kept by the page since it was opened.
+// stormguard gateway dashboard: polls /status twice a second and draws it, and
+// /history (the last few minutes, kept by the gateway) twice a bucket for the charts
+// (drawn by dashboard-charts.js). No framework, no build step. The cards' rates are
+// differences between polls over the last few seconds.
 // Contract (pinned): each upstream's breaker is an element with
 // data-upstream="NAME" and data-breaker="closed|open|half_open" whose text names it.
 "use strict";
@@ -239,4 +240,98 @@ async function poll() {
   }
 }
 
-document.addEventListener("DOMContentLoaded", poll);
+// -- the charts, from /history -------------------------------------------------------
+
+const HISTORY_POLL_MS = 500; // at least: twice per bucket (a new bucket shows within half of one)
+const WINDOWS = [30, 60, 120, 300, 600, 900, 1800, 3600]; // seconds shown (fitted to the data)
+const ANSWER_COLOURS = { "2xx": "#116329", "3xx": "#0349b4", "4xx": "#9a6700", "5xx": "#cf222e",
+  timeout: "#6639ba", connect_error: "#24292f" };
+const ANSWER_TEXT = { timeout: "timeout", connect_error: "connect error" };
+const REASON_COLOURS = ["#cf222e", "#9a6700", "#6639ba", "#0349b4", "#1b7c83", "#953800", "#57606a"];
+const chartGroups = new Map(); // upstream -> {answers, latency, breaker}
+let lastHistory = null;
+
+function spanText(seconds) {
+  return seconds % 60 === 0 ? `${seconds / 60} minute${seconds === 60 ? "" : "s"}` : `${seconds} seconds`;
+}
+
+function upstreamCharts(name) {
+  const { chartBox } = window.stormguardCharts;
+  const group = {
+    answers: chartBox("answers:" + name, `${name}: answers/s by status`,
+      { caption: "Answers/s by status class" }),
+    latency: chartBox("latency:" + name, `${name}: latency p50 / p99`,
+      { caption: "Latency p50 / p99 (time to the answer's head)" }),
+    breaker: chartBox("breaker:" + name, `${name}: breaker`, { keys: false, caption: "Breaker" }),
+  };
+  const root = el("article", { class: "chart-group", "data-history-upstream": name },
+    el("h3", {}, "Upstream " + name), group.answers, group.latency, group.breaker);
+  document.getElementById("upstream-charts").append(root);
+  return group;
+}
+
+function drawHistory(doc) {
+  const { lineChart, bandChart } = window.stormguardCharts;
+  // The time axis fits what the gateway has kept so far (a young gateway's first
+  // seconds are not squeezed into the corner of five minutes), up to all it keeps.
+  const kept = doc.t.length ? doc.t[doc.t.length - 1] - doc.t[0] + doc.bucket_seconds : 0;
+  const span = Math.min(doc.span_seconds, WINDOWS.find((w) => w >= kept) || doc.span_seconds);
+  const base = { t: doc.t, span, bucket: doc.bucket_seconds };
+  document.getElementById("history-span").textContent = spanText(span);
+  document.getElementById("history-kept").textContent = spanText(doc.span_seconds);
+  document.getElementById("history-bucket").textContent = fmt(doc.bucket_seconds, 2);
+  const outcomes = doc.outcomes || {};
+  const zero = doc.t.map(() => 0);
+  lineChart(document.querySelector('[data-chart="requests"]'), { ...base, unit: "/s", series: [
+    { name: "requests", label: "all requests", colour: "#0349b4", values: doc.requests },
+    { name: "allowed", label: "allowed", colour: "#116329", values: outcomes.allowed || zero, dashed: true },
+  ] });
+  const reasons = Object.keys(outcomes).filter((o) => !NOT_REFUSALS.has(o)).sort();
+  lineChart(document.querySelector('[data-chart="refusals"]'), { ...base, unit: "/s",
+    series: reasons.map((reason, i) => ({ name: reason, label: reasonText(reason),
+      colour: REASON_COLOURS[i % REASON_COLOURS.length], values: outcomes[reason] })) });
+  for (const [name, up] of Object.entries(doc.upstreams || {})) {
+    let group = chartGroups.get(name);
+    if (!group) {
+      group = upstreamCharts(name);
+      chartGroups.set(name, group);
+    }
+    lineChart(group.answers, { ...base, unit: "/s", band: up.breaker,
+      series: Object.entries(up.answers).map(([cls, values]) => ({ name: cls,
+        label: ANSWER_TEXT[cls] || cls, colour: ANSWER_COLOURS[cls] || "#57606a", values })) });
+    lineChart(group.latency, { ...base, unit: " ms", height: 140, band: up.breaker, series: [
+      { name: "p50", label: "p50", colour: "#0349b4", values: up.latency_ms.p50 },
+      { name: "p99", label: "p99", colour: "#cf222e", values: up.latency_ms.p99, dashed: true },
+    ] });
+    bandChart(group.breaker, { ...base, states: up.breaker });
+  }
+}
+
+async function pollHistory() {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), 3000);
+  let wait = HISTORY_POLL_MS;
+  try {
+    const response = await fetch("/history", { cache: "no-store", signal: controller.signal });
+    if (!response.ok) throw new Error("HTTP " + response.status);
+    lastHistory = await response.json();
+    wait = Math.max(HISTORY_POLL_MS, lastHistory.bucket_seconds * 500);
+    drawHistory(lastHistory);
+  } catch (err) {
+    // the link state is /status's to show
+  } finally {
+    clearTimeout(timer);
+    setTimeout(pollHistory, wait);
+  }
+}
+
+let resizing = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizing);
+  resizing = setTimeout(() => lastHistory && drawHistory(lastHistory), 100);
+});
+
+document.addEventListener("DOMContentLoaded", () => {
+  poll();
+  pollHistory();
+});
