@@ -79,6 +79,10 @@ class ReadTimeout(UpstreamError, TimeoutError):
     """The upstream went silent longer than the read (or total) timeout."""
 
 
+class _Beyond(Exception):
+    """Raised in a parser callback: the upstream sent more than its answer."""
+
+
 class _Endpoint:
     """Where one target's connections go (parsed once)."""
 
@@ -219,6 +223,9 @@ class _Connection(asyncio.Protocol):
         self.received = False  # a byte of the current answer came back
         self.head_request = False
         self.until_eof = False  # an answer without length: it ends when the connection does
+        self.interim = False  # the parser is in a 1xx answer
+        self.ended = False  # the final answer is complete, not yet delivered
+        self.beyond = False  # bytes came after the end of the answer
         self.paused = False
         self.drained: asyncio.Future[None] | None = None
         self.last_read = 0.0
@@ -231,16 +238,27 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         response = self.response
-        if response is None:  # nothing asked: a confused upstream
+        if response is None or response.complete:
+            # Nothing asked (an idle pooled connection), or bytes after a complete
+            # answer: a confused upstream. Never handed to the next request.
             self.close()
             return
         self.received = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+        except httptools.HttpParserUpgrade:
+            # llhttp stops at a 101 (or an upgrade it believes in): this client never
+            # asks for one, so the answer is unusable.
+            self._broken(UpstreamError("the upstream switched protocols unasked (101)"))
             return
-        if not response.complete:  # still due: the silence is counted from now
+        except httptools.HttpParserError as exc:
+            if not self.ended:
+                self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+                return
+            self.beyond = True  # garbage (or a second answer) after the complete one
+        if self.ended:
+            self._complete()
+        elif not response.complete:  # still due: the silence is counted from now
             self.last_read = self.pool.loop.time()
 
     def eof_received(self) -> bool:
@@ -251,9 +269,10 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self.pool.lost(self)
         response = self.response
-        if response is not None:
+        if response is not None and not response.complete:
             if self.until_eof and response.status:
-                self.on_message_complete()  # the answer ended with the connection
+                self.ended = True  # the answer ended with the connection
+                self._complete()
             else:
                 self._broken(UpstreamError("the upstream closed the connection"))
         drained = self.drained
@@ -269,17 +288,34 @@ class _Connection(asyncio.Protocol):
             drained.set_result(None)
 
     # -- httptools callbacks ------------------------------------------------------------
+    #
+    # The parser only observes; the answer is delivered after feed_data returns
+    # (data_received -> _complete), so that nothing the upstream sent after the end
+    # of its answer can reach the next exchange: once the final answer is complete
+    # (`ended`), any callback of a further message, or any body byte, raises _Beyond,
+    # which stops the parser; the connection is then closed, never reused.
+
+    def on_message_begin(self) -> None:
+        if self.ended:
+            raise _Beyond
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.ended:
+            raise _Beyond
         assert self.response is not None
         self.response.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.ended:
+            raise _Beyond
         response = self.response
         assert response is not None
         status = self.parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # interim answer: wait for the real one
+        if status == 101:  # never asked for: llhttp raises HttpParserUpgrade next
+            return
+        if 100 <= status < 200:  # interim answer: dropped, wait for the real one
             response.raw_headers = []
+            self.interim = True
             return
         response.status = status
         response.keep_alive = self.parser.should_keep_alive()
@@ -291,22 +327,27 @@ class _Connection(asyncio.Protocol):
                 length = int(value) if value.isdigit() else None
             elif lowered == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
-        if self.head_request or status in _NO_BODY_STATUS:
+        bodiless = self.head_request or status in _NO_BODY_STATUS
+        if bodiless:
             length = 0
-        response.content_length = None if chunked else length
+        response.content_length = None if chunked and not bodiless else length
         self.until_eof = length is None and not chunked
         waiter = self.headers_ready
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         if response.sink is not None:
             response.sink.answer_head(response)
-        if self.head_request:
-            # httptools cannot be told the answer to HEAD has no body: end it here and
-            # give the next exchange a fresh parser.
+        if bodiless:
+            # The answer ends with its head whatever Content-Length says (HEAD, 204,
+            # 304): httptools cannot be told so, so the rest of this read goes to
+            # this parser (any byte of it is beyond the answer) and the next
+            # exchange gets a fresh one.
             self.parser = httptools.HttpResponseParser(self)
-            self.on_message_complete()
+            self.ended = True
 
     def on_body(self, body: bytes) -> None:
+        if self.ended:
+            raise _Beyond
         response = self.response
         if response is not None:
             sink = response.sink
@@ -316,13 +357,28 @@ class _Connection(asyncio.Protocol):
                 response._feed(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # the end of an interim answer
+            self.interim = False
+            return
         response = self.response
-        if response is None or response.status == 0 or response.complete:
-            return  # the end of an interim answer
+        if response is None or response.status == 0 or self.ended:
+            return
+        self.ended = True
+
+    def _complete(self) -> None:
+        # The final answer is complete (ended): deliver its end; bytes beyond it
+        # close the connection now.
+        response = self.response
+        assert response is not None
+        self.ended = False
+        if response.complete:
+            return
         response.complete = True
         self.pool.busy.discard(self)  # _cancel_timer()
-        if self.until_eof or not response.keep_alive:
+        if self.until_eof or not response.keep_alive or self.beyond:
             response.keep_alive = False
+        if self.beyond:
+            self.close()
         if response.sink is not None:
             response.sink.answer_end()
             if response._conn is not None:  # response._finished(), inline
@@ -349,6 +405,7 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.head_request = head
         self.until_eof = False
+        self.interim = self.ended = self.beyond = False
         self.headers_ready = loop.create_future() if response.sink is None else None
         now = loop.time()
         self.last_read = now
