@@ -719,9 +719,10 @@ class H1Pool:
             try:
                 await self._exchange(conn, response, method, head, body)
                 return response
-            except UpstreamError:
-                resend = (
+            except UpstreamError as exc:
+                resend = (  # (a silent upstream may be working on it: never again)
                     reused
+                    and not isinstance(exc, TimeoutError)
                     and not conn.received
                     and (body is None or isinstance(body, bytes))
                     and method in _IDEMPOTENT

@@ -550,9 +550,15 @@ async def _relay(response: H1Response, send: Send, ex: _Exchange, method: str) -
             ex.done = True
             await send({"type": "http.response.body", "body": data})
             return
+        # The head goes out with the first body bytes (as on the callback path): an
+        # answer that breaks before any of it arrived is still a 502.
+        chunks = response.chunks()
+        first = await anext(chunks, b"")
         started = True
         await send(start)
-        async for chunk in response.chunks():
+        if first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+        async for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         ex.done = True
         await send({"type": "http.response.body", "body": b""})
