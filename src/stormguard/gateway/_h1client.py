@@ -31,6 +31,7 @@ import httptools
 
 from ._config import Timeout
 from ._outbox import Outbox
+from ._urls import split_userinfo
 
 __all__ = [
     "ConnectTimeout",
@@ -49,7 +50,13 @@ _METHOD_BYTES = {m: m.encode("ascii") for m in ("GET", "HEAD", "OPTIONS", "DELET
 
 def _request_head(endpoint: _Endpoint, method: str, target: bytes, block: bytes) -> bytes:
     """A request's head: its line (the base URL's path before ``target``), Host (the
-    endpoint's), then ``block`` (:meth:`H1Pool.header_block`)."""
+    endpoint's), then ``block`` (:meth:`H1Pool.header_block`); an endpoint with
+    credentials puts its Authorization first, in place of any in ``block``."""
+    authorization = endpoint.authorization
+    if authorization is not None:
+        lines = block.split(b"\r\n")
+        kept = [line for line in lines if line[:14].lower() != b"authorization:"]
+        block = b"Authorization: %s\r\n%s" % (authorization, b"\r\n".join(kept))
     return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s" % (
         _METHOD_BYTES.get(method) or method.encode("ascii"),
         endpoint.prefix,
@@ -86,10 +93,11 @@ class _Beyond(Exception):
 class _Endpoint:
     """Where one target's connections go (parsed once)."""
 
-    __slots__ = ("host", "host_header", "idle", "port", "prefix", "ssl")
+    __slots__ = ("authorization", "host", "host_header", "idle", "port", "prefix", "ssl")
 
     def __init__(self, base: str) -> None:
-        parts = urlsplit(base)
+        plain, self.authorization = split_userinfo(base)  # Host never carries them
+        parts = urlsplit(plain)
         secure = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if secure else 80)

@@ -21,6 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ._urls import shown_url
+
 __all__ = ["BREAKER_CODES", "GatewayMetrics", "StatusBuilder", "multiprocess_dir"]
 
 BREAKER_CODES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
@@ -221,6 +223,21 @@ class StatusBuilder:
         self._metrics = metrics
         self.upstreams = upstreams  # name -> static facts (targets, limits) from the config
         self._history: deque[tuple[float, float]] = deque()
+
+    @property
+    def upstreams(self) -> dict[str, dict[str, Any]]:
+        """Each upstream's static facts, its target URLs as they may be shown."""
+        return self._upstreams
+
+    @upstreams.setter
+    def upstreams(self, facts: dict[str, dict[str, Any]]) -> None:
+        # (set anew on a reload) credentials in a URL never reach /status or the page
+        self._upstreams = {
+            name: {**row, "targets": [shown_url(t) for t in row["targets"]]}
+            if "targets" in row
+            else row
+            for name, row in facts.items()
+        }
 
     def registry(self) -> Any:
         """The registry to read: merged multiprocess files, or the process's own."""
