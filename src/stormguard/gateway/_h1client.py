@@ -86,6 +86,10 @@ class ReadTimeout(UpstreamError, TimeoutError):
     """The upstream went silent longer than the read (or total) timeout."""
 
 
+def _tokens(value: bytes) -> list[bytes]:
+    return [token.strip() for token in value.lower().split(b",")]
+
+
 class _Beyond(Exception):
     """Raised in a parser callback: the upstream sent more than its answer."""
 
@@ -310,8 +314,10 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.ended:
             raise _Beyond
-        assert self.response is not None
-        self.response.raw_headers.append((name, value))
+        response = self.response
+        assert response is not None
+        if not response.status:  # (after the head: a chunked body's trailer, dropped)
+            response.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self.ended:
@@ -326,7 +332,11 @@ class _Connection(asyncio.Protocol):
             self.interim = True
             return
         response.status = status
-        response.keep_alive = self.parser.should_keep_alive()
+        # Reused only after an HTTP/1.1 answer without "Connection: close" whose end
+        # is known (as h11 reads it: an HTTP/1.0 answer is never reused); llhttp's
+        # view of the framing does not know an answer to HEAD has no body.
+        parser = self.parser
+        keep_alive = parser.get_http_version() == "1.1"
         length = None
         chunked = False
         for name, value in response.raw_headers:
@@ -335,9 +345,14 @@ class _Connection(asyncio.Protocol):
                 length = int(value) if value.isdigit() else None
             elif lowered == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
+            elif lowered == b"connection" and b"close" in _tokens(value):
+                keep_alive = False
         bodiless = self.head_request or status in _NO_BODY_STATUS
         if bodiless:
             length = 0
+        else:
+            keep_alive = keep_alive and parser.should_keep_alive()
+        response.keep_alive = keep_alive
         response.content_length = None if chunked and not bodiless else length
         self.until_eof = length is None and not chunked
         waiter = self.headers_ready
