@@ -359,3 +359,35 @@ async def test_unknown_status_is_delivered() -> None:
         response, got = await get(client, up.base)
         assert (response.status, got) == (999, b"ok")
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "answer", "reused"),
+    [
+        ("HEAD", b"HTTP/1.1 200 OK\r\n\r\n", True),  # no length: still the end of it
+        ("GET", b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok", False),
+        ("GET", b"HTTP/1.1 200 OK\r\nconnection: x, close\r\ncontent-length: 2\r\n\r\nok", False),
+    ],
+)
+async def test_reuse_follows_the_answers_version_and_framing(
+    method: str, answer: bytes, reused: bool
+) -> None:
+    """A connection is reused after an HTTP/1.1 answer whose end is known and that does
+    not say close; never after an HTTP/1.0 answer."""
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        for _ in range(2):
+            response = await client.request(up.base, method, b"/", [])
+            await response.read()
+        assert up.connections == (1 if reused else 2)
+        await client.close()
+
+
+async def test_trailers_never_join_the_head() -> None:
+    """A chunked answer's trailer fields are dropped, not added to its headers."""
+    answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-t: 1\r\n\r\n"
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        response, got = await get(client, up.base)
+        assert got == b"ok" and response.raw_headers == [(b"transfer-encoding", b"chunked")]
+        await client.close()

@@ -10,7 +10,13 @@
 # * one pool per upstream, idle connections per target (last in, first out);
 #   at most `limit` connections open at once, later requests wait for one;
 # * a connection goes back to the pool only after a complete response that
-#   allows keep-alive and was read to its end; anything else closes it;
+#   allows keep-alive (HTTP/1.1, no `Connection: close`, its end known) and was
+#   read to its end; anything else closes it;
+# * framing is this client's alone: an answer ends where its framing says (HEAD,
+#   204 and 304 with their head, whatever Content-Length says); a byte after that
+#   end, in the same read or later, or on an idle connection, closes the
+#   connection and is never delivered; 1xx interim answers are dropped, a 101
+#   (never asked for) is an UpstreamError, trailers are dropped;
 # * a request that fails on a *reused* connection before any byte of the answer
 #   came back is sent once more on a new connection when it is safe to (the
 #   upstream closed an idle connection as we wrote: nothing was processed);
