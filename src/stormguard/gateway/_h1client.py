@@ -242,6 +242,8 @@ class _Connection(asyncio.Protocol):
         self.head_request = False
         self.until_eof = False  # an answer without length: it ends when the connection does
         self.interim = False  # the parser is in a 1xx answer
+        self.http11: bool | None = None  # the connection's answers are HTTP/1.1
+        self.headers: list[tuple[bytes, bytes]] = []  # the head's fields, as they come
         self.ended = False  # the final answer is complete, not yet delivered
         self.beyond = False  # bytes came after the end of the answer
         self.paused = False
@@ -318,12 +320,8 @@ class _Connection(asyncio.Protocol):
             raise _Beyond
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.ended:
-            raise _Beyond
-        response = self.response
-        assert response is not None
-        if not response.status:  # (after the head: a chunked body's trailer, dropped)
-            response.raw_headers.append((name, value))
+        # (a further message raised in on_message_begin: no check of `ended` here)
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self.ended:
@@ -334,15 +332,19 @@ class _Connection(asyncio.Protocol):
         if status == 101:  # never asked for: llhttp raises HttpParserUpgrade next
             return
         if 100 <= status < 200:  # interim answer: dropped, wait for the real one
-            response.raw_headers = []
+            response.raw_headers = self.headers = []
             self.interim = True
             return
         response.status = status
         # Reused only after an HTTP/1.1 answer without "Connection: close" whose end
-        # is known (as h11 reads it: an HTTP/1.0 answer is never reused); llhttp's
-        # view of the framing does not know an answer to HEAD has no body.
+        # is known, as h11 reads it (an HTTP/1.0 answer is never reused; its version
+        # is read once per connection: llhttp's get_http_version costs as much as the
+        # rest of this method). llhttp cannot know an answer to HEAD has no body, so
+        # its keep-alive verdict is not asked for one.
         parser = self.parser
-        keep_alive = parser.get_http_version() == "1.1"
+        http11 = self.http11
+        if http11 is None:
+            http11 = self.http11 = parser.get_http_version() == "1.1"
         length = None
         chunked = False
         for name, value in response.raw_headers:
@@ -351,14 +353,17 @@ class _Connection(asyncio.Protocol):
                 length = int(value) if value.isdigit() else None
             elif lowered == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
-            elif lowered == b"connection" and b"close" in _tokens(value):
-                keep_alive = False
         bodiless = self.head_request or status in _NO_BODY_STATUS
         if bodiless:
             length = 0
+            response.keep_alive = http11 and not any(
+                name.lower() == b"connection" and b"close" in _tokens(value)
+                for name, value in response.raw_headers
+            )
         else:
-            keep_alive = keep_alive and parser.should_keep_alive()
-        response.keep_alive = keep_alive
+            response.keep_alive = http11 and parser.should_keep_alive()
+        if chunked:  # a trailer's fields go to a list of their own, dropped
+            self.headers = []
         response.content_length = None if chunked and not bodiless else length
         self.until_eof = length is None and not chunked
         waiter = self.headers_ready
@@ -435,6 +440,7 @@ class _Connection(asyncio.Protocol):
         self.head_request = head
         self.until_eof = False
         self.interim = self.ended = self.beyond = False
+        self.headers = response.raw_headers  # what on_header appends to
         self.headers_ready = loop.create_future() if response.sink is None else None
         now = loop.time()
         self.last_read = now
