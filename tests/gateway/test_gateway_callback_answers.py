@@ -236,10 +236,11 @@ async def test_head_keeps_the_upstream_length_and_sends_no_body(bench: Any) -> N
 
 
 async def test_an_unlisted_status_gets_a_status_line(bench: Any) -> None:
+    """A status without a name gets its class's reason phrase (RFC 9110 section 15)."""
     b = await bench()
     b.request(GET)
     lines, _ = _head_and_body(b.answer(b"HTTP/1.1 299 Custom\r\nContent-Length: 0\r\n\r\n"))
-    assert lines[0] == b"HTTP/1.1 299 "
+    assert lines[0] == b"HTTP/1.1 299 Successful"
 
 
 async def test_a_client_asking_to_close_is_answered_and_closed(bench: Any) -> None:
@@ -379,12 +380,18 @@ async def test_a_second_answer_in_the_same_read_is_never_forwarded(bench: Any) -
     assert b.conn.closed
 
 
-async def test_an_unknown_status_is_rendered_with_no_reason_phrase(bench: Any) -> None:
-    """Status 999 is forwarded with an empty reason phrase."""
+@pytest.mark.parametrize(
+    ("status", "line"),
+    [(999, b"HTTP/1.1 999 Unknown\r\n"), (599, b"HTTP/1.1 599 Server Error\r\n")],
+)
+async def test_an_unknown_status_is_rendered_with_a_generic_reason_phrase(
+    bench: Any, status: int, line: bytes
+) -> None:
+    """A status without a name is forwarded with its class's reason phrase."""
     b = await bench()
     b.request(GET)
-    got = b.answer(b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\nok")
-    assert got.startswith(b"HTTP/1.1 999 \r\n") and got.endswith(b"\r\n\r\nok")
+    got = b.answer(b"HTTP/1.1 %d Odd\r\nContent-Length: 2\r\n\r\nok" % status)
+    assert got.startswith(line) and got.endswith(b"\r\n\r\nok")
 
 
 def test_response_head_renders_defaults_connection_close_and_chunking() -> None:
