@@ -391,3 +391,19 @@ async def test_trailers_never_join_the_head() -> None:
         response, got = await get(client, up.base)
         assert got == b"ok" and response.raw_headers == [(b"transfer-encoding", b"chunked")]
         await client.close()
+
+
+async def test_url_credentials_become_authorization_and_leave_host() -> None:
+    """A base URL's userinfo is sent as Basic Authorization, in place of the caller's;
+    Host is host:port alone."""
+    async with Upstream(ok()) as up:
+        client = pool()
+        base = up.base.replace("http://", "http://al%20ice:p%3Aw@")
+        response = await client.request(base, "GET", b"/", [(b"authorization", b"Bearer x")])
+        await response.read()
+        head = up.requests[0]
+        port = up.base.rsplit(":", 1)[1]
+        assert b"\r\nHost: 127.0.0.1:%s\r\n" % port.encode() in head
+        assert b"Authorization: Basic YWwgaWNlOnA6dw==" in head  # "al ice:p:w"
+        assert b"Bearer" not in head and b"ice" not in head
+        await client.close()
