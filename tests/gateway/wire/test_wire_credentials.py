@@ -43,6 +43,7 @@ def _config(upstream: RawUpstream) -> dict[str, Any]:
             {"path": "/cb", "upstream": "u"},
             {"path": "/asgi", "upstream": "u", "idempotency": "honor"},
             {"path": "/dead", "upstream": "dead"},
+            {"path": "/ws", "upstream": "u", "websocket": {}},
         ],
     }
 
@@ -73,6 +74,23 @@ def test_credentials_become_basic_authorization(
         assert request.header("Authorization") == [expected]
         assert request.header("Host") == [f"127.0.0.1:{upstream.port}"]
         assert b"the-clients" not in request.raw and b"alice:" not in request.raw
+
+
+def test_websocket_upgrade_carries_the_credentials(gateway: Any, upstream: RawUpstream) -> None:
+    """The WebSocket leg's upgrade request carries the same Basic Authorization, in
+    place of the client's, and a Host without the userinfo."""
+    upgrade = (
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer the-clients\r\n"
+    )
+    answer = _get(gateway, "/ws/chat", upgrade)
+    assert answer.status == 502  # the raw upstream answers 200, not 101
+    (request,) = upstream.seen("/ws/chat")
+    assert request.header("Authorization") == [
+        "Basic " + base64.b64encode(b"alice:s3cr@t-pw").decode()
+    ]
+    assert request.header("Host") == [f"127.0.0.1:{upstream.port}"]
+    assert b"the-clients" not in request.raw
 
 
 def test_the_password_is_shown_nowhere(gateway: Any, upstream: RawUpstream) -> None:
