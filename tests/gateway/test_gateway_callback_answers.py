@@ -236,10 +236,11 @@ async def test_head_keeps_the_upstream_length_and_sends_no_body(bench: Any) -> N
 
 
 async def test_an_unlisted_status_gets_a_status_line(bench: Any) -> None:
+    """A status without a name gets its class's reason phrase (RFC 9110 section 15)."""
     b = await bench()
     b.request(GET)
     lines, _ = _head_and_body(b.answer(b"HTTP/1.1 299 Custom\r\nContent-Length: 0\r\n\r\n"))
-    assert lines[0] == b"HTTP/1.1 299 "
+    assert lines[0] == b"HTTP/1.1 299 Successful"
 
 
 async def test_a_client_asking_to_close_is_answered_and_closed(bench: Any) -> None:
@@ -344,12 +345,53 @@ async def test_a_limited_request_is_refused_without_reaching_the_upstream(bench:
     assert b.conn in b.conn.endpoint.idle  # the connection it did not use is idle again
 
 
-async def test_an_upstream_that_drops_the_answer_midway_cuts_the_client(bench: Any) -> None:
+async def test_an_upstream_that_drops_a_small_answer_midway_gets_502(bench: Any) -> None:
+    """A small answer is held whole: cut before any of it went out, the client gets 502."""
     b = await bench()
     b.request(GET)
-    b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    assert b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc") == b""
     b.conn.connection_lost(None)
-    assert b.client.closed  # a half answer cannot be finished: the client sees it cut
+    b.proto.outbox.flush()
+    answer = b.client.take()
+    assert answer.startswith(b"HTTP/1.1 502 ") and b"abc" not in answer
+
+
+async def test_an_upstream_that_drops_a_streamed_answer_midway_cuts_the_client(
+    bench: Any,
+) -> None:
+    """A streamed answer that has started cannot be finished: the client sees it cut."""
+    b = await bench()
+    b.request(GET)
+    got = b.answer(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nabc")
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"abc")
+    b.conn.connection_lost(None)
+    assert b.client.closed
+
+
+async def test_a_second_answer_in_the_same_read_is_never_forwarded(bench: Any) -> None:
+    """204 then an unrequested 200 in one read: the client gets the 204 alone and the
+    upstream connection is closed."""
+    b = await bench()
+    b.request(GET)
+    got = b.answer(
+        b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nEVIL-ANSWER"
+    )
+    assert got.startswith(b"HTTP/1.1 204 ") and b"EVIL" not in got
+    assert b.conn.closed
+
+
+@pytest.mark.parametrize(
+    ("status", "line"),
+    [(999, b"HTTP/1.1 999 Unknown\r\n"), (599, b"HTTP/1.1 599 Server Error\r\n")],
+)
+async def test_an_unknown_status_is_rendered_with_a_generic_reason_phrase(
+    bench: Any, status: int, line: bytes
+) -> None:
+    """A status without a name is forwarded with its class's reason phrase."""
+    b = await bench()
+    b.request(GET)
+    got = b.answer(b"HTTP/1.1 %d Odd\r\nContent-Length: 2\r\n\r\nok" % status)
+    assert got.startswith(line) and got.endswith(b"\r\n\r\nok")
 
 
 def test_response_head_renders_defaults_connection_close_and_chunking() -> None:

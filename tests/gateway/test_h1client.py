@@ -227,3 +227,183 @@ async def test_pool_limit_makes_requests_wait_for_a_connection() -> None:
         assert [body for _, body in results] == [b"ok", b"ok"]
         assert up.connections == 1
         await client.close()
+
+
+# -- framing: the upstream client alone decides where an answer ends -------------------
+
+
+def writes(answer: bytes) -> Script:
+    def script(head: bytes, transport: asyncio.Transport) -> None:
+        transport.write(answer)
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "body"),
+    [
+        (
+            b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL",
+            204,
+            b"",
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEVIL", 200, b"ok"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok\x00garbage", 200, b"ok"),
+        (b"HTTP/1.1 204 No Content\r\ncontent-length: 4\r\n\r\nEVIL", 204, b""),
+        (b"HTTP/1.1 304 Not Modified\r\ncontent-length: 4\r\n\r\nEVIL", 304, b""),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\nEVIL",
+            200,
+            b"ok",
+        ),
+    ],
+)
+async def test_bytes_beyond_the_answer_close_its_connection(
+    answer: bytes, status: int, body: bytes
+) -> None:
+    """The complete answer is delivered; what follows it is dropped with the connection."""
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        response, got = await get(client, up.base)
+        assert (response.status, got, response.keep_alive) == (status, body, False)
+        response, got = await get(client, up.base)
+        assert (response.status, got) == (status, body)
+        assert up.connections == 2
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 4\r\n\r\n",
+        b"HTTP/1.1 304 Not Modified\r\ncontent-length: 4\r\n\r\n",
+    ],
+)
+async def test_bodiless_statuses_end_with_their_head_and_keep_the_connection(
+    answer: bytes,
+) -> None:
+    """204 and 304 have no body whatever Content-Length says; the connection is reused."""
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        for _ in range(2):
+            response, got = await get(client, up.base)
+            assert (got, response.content_length, response.keep_alive) == (b"", 0, True)
+        assert up.connections == 1
+        await client.close()
+
+
+async def test_head_answer_with_a_body_closes_the_connection() -> None:
+    """A body sent after the head of an answer to HEAD is not the next answer."""
+    async with Upstream(writes(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL")) as up:
+        client = pool()
+        response = await client.request(up.base, "HEAD", b"/", [])
+        assert (response.status, await response.read()) == (200, b"")
+        response, got = await get(client, up.base)
+        assert got == b"EVIL" and up.connections == 2
+        await client.close()
+
+
+async def test_bytes_on_an_idle_connection_close_it() -> None:
+    """An unrequested late answer on an idle pooled connection never reaches a request."""
+    transports: list[asyncio.Transport] = []
+
+    def answer(head: bytes, transport: asyncio.Transport) -> None:
+        transports.append(transport)
+        ok(b"%d" % len(transports))(head, transport)
+
+    async with Upstream(answer) as up:
+        client = pool()
+        _, body = await get(client, up.base)
+        assert body == b"1"
+        transports[0].write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL")
+        await asyncio.sleep(0.05)  # the late bytes reach the idle connection
+        _, body = await get(client, up.base)
+        assert body == b"2" and up.connections == 2
+        await client.close()
+
+
+async def test_interim_answers_are_dropped() -> None:
+    """100 Continue and 103 Early Hints are read and dropped before the final answer."""
+    answer = (
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    )
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        response, got = await get(client, up.base)
+        assert (response.status, got, response.raw_headers) == (
+            200,
+            b"ok",
+            [(b"content-length", b"2")],
+        )
+        assert response.keep_alive
+        await client.close()
+
+
+async def test_unasked_switching_protocols_is_an_error() -> None:
+    """A 101 to a request that asked for no upgrade raises UpstreamError."""
+    answer = (
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+    )
+    async with Upstream(writes(answer + b"junk")) as up:
+        client = pool()
+        with pytest.raises(UpstreamError, match="101"):
+            await client.request(up.base, "GET", b"/", [])
+        await client.close()
+
+
+async def test_unknown_status_is_delivered() -> None:
+    """A status code without a name (999) is an answer like any other."""
+    async with Upstream(writes(b"HTTP/1.1 999 Whatever\r\ncontent-length: 2\r\n\r\nok")) as up:
+        client = pool()
+        response, got = await get(client, up.base)
+        assert (response.status, got) == (999, b"ok")
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "answer", "reused"),
+    [
+        ("HEAD", b"HTTP/1.1 200 OK\r\n\r\n", True),  # no length: still the end of it
+        ("GET", b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok", False),
+        ("GET", b"HTTP/1.1 200 OK\r\nconnection: x, close\r\ncontent-length: 2\r\n\r\nok", False),
+    ],
+)
+async def test_reuse_follows_the_answers_version_and_framing(
+    method: str, answer: bytes, reused: bool
+) -> None:
+    """A connection is reused after an HTTP/1.1 answer whose end is known and that does
+    not say close; never after an HTTP/1.0 answer."""
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        for _ in range(2):
+            response = await client.request(up.base, method, b"/", [])
+            await response.read()
+        assert up.connections == (1 if reused else 2)
+        await client.close()
+
+
+async def test_trailers_never_join_the_head() -> None:
+    """A chunked answer's trailer fields are dropped, not added to its headers."""
+    answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-t: 1\r\n\r\n"
+    async with Upstream(writes(answer)) as up:
+        client = pool()
+        response, got = await get(client, up.base)
+        assert got == b"ok" and response.raw_headers == [(b"transfer-encoding", b"chunked")]
+        await client.close()
+
+
+async def test_url_credentials_become_authorization_and_leave_host() -> None:
+    """A base URL's userinfo is sent as Basic Authorization, in place of the caller's;
+    Host is host:port alone."""
+    async with Upstream(ok()) as up:
+        client = pool()
+        base = up.base.replace("http://", "http://al%20ice:p%3Aw@")
+        response = await client.request(base, "GET", b"/", [(b"authorization", b"Bearer x")])
+        await response.read()
+        head = up.requests[0]
+        port = up.base.rsplit(":", 1)[1]
+        assert b"\r\nHost: 127.0.0.1:%s\r\n" % port.encode() in head
+        assert b"Authorization: Basic YWwgaWNlOnA6dw==" in head  # "al ice:p:w"
+        assert b"Bearer" not in head and b"ice" not in head
+        await client.close()

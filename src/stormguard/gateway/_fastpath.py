@@ -464,10 +464,12 @@ class FastExchange(_Exchange):
             self.response = None
             self.resend = self.proto.loop.create_task(self._resend())
             return
-        if self.status == 0:  # nothing went out yet: a refusal can
-            self.rt.metrics.upstream_failed(self.pool.name, exc)
-            self.pool.report(self.target, True)
-            self._report(True)
+        if self.status == 0 or self.head:  # nothing went out yet: a refusal can
+            if self.status == 0:  # (else the head was counted by answer_head)
+                self.rt.metrics.upstream_failed(self.pool.name, exc)
+                self.pool.report(self.target, True)
+                self._report(True)
+            self.head, self.pending, self.chunked, self.whole = b"", [], False, False
             name = self.pool.name
             if isinstance(exc, TimeoutError) and not isinstance(exc, UpstreamConnectError):
                 refusal = Refusal.of(504, f"upstream {name!r} timed out", reason="upstream_timeout")

@@ -10,7 +10,13 @@
 # * one pool per upstream, idle connections per target (last in, first out);
 #   at most `limit` connections open at once, later requests wait for one;
 # * a connection goes back to the pool only after a complete response that
-#   allows keep-alive and was read to its end; anything else closes it;
+#   allows keep-alive (HTTP/1.1, no `Connection: close`, its end known) and was
+#   read to its end; anything else closes it;
+# * framing is this client's alone: an answer ends where its framing says (HEAD,
+#   204 and 304 with their head, whatever Content-Length says); a byte after that
+#   end, in the same read or later, or on an idle connection, closes the
+#   connection and is never delivered; 1xx interim answers are dropped, a 101
+#   (never asked for) is an UpstreamError, trailers are dropped;
 # * a request that fails on a *reused* connection before any byte of the answer
 #   came back is sent once more on a new connection when it is safe to (the
 #   upstream closed an idle connection as we wrote: nothing was processed);
@@ -32,6 +38,7 @@ import httptools
 
 from ._config import Timeout
 from ._outbox import Outbox
+from ._urls import split_userinfo
 
 log = logging.getLogger("stormguard.gateway")
 _TLS_LOG_EVERY = 10.0  # seconds between two log lines of one target's failing handshake
@@ -53,7 +60,13 @@ _METHOD_BYTES = {m: m.encode("ascii") for m in ("GET", "HEAD", "OPTIONS", "DELET
 
 def _request_head(endpoint: _Endpoint, method: str, target: bytes, block: bytes) -> bytes:
     """A request's head: its line (the base URL's path before ``target``), Host (the
-    endpoint's), then ``block`` (:meth:`H1Pool.header_block`)."""
+    endpoint's), then ``block`` (:meth:`H1Pool.header_block`); an endpoint with
+    credentials puts its Authorization first, in place of any in ``block``."""
+    authorization = endpoint.authorization
+    if authorization is not None:
+        lines = block.split(b"\r\n")
+        kept = [line for line in lines if line[:14].lower() != b"authorization:"]
+        block = b"Authorization: %s\r\n%s" % (authorization, b"\r\n".join(kept))
     return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s" % (
         _METHOD_BYTES.get(method) or method.encode("ascii"),
         endpoint.prefix,
@@ -83,10 +96,19 @@ class ReadTimeout(UpstreamError, TimeoutError):
     """The upstream went silent longer than the read (or total) timeout."""
 
 
+def _tokens(value: bytes) -> list[bytes]:
+    return [token.strip() for token in value.lower().split(b",")]
+
+
+class _Beyond(Exception):
+    """Raised in a parser callback: the upstream sent more than its answer."""
+
+
 class _Endpoint:
     """Where one target's connections go (parsed once)."""
 
     __slots__ = (
+        "authorization",
         "host",
         "host_header",
         "idle",
@@ -100,7 +122,8 @@ class _Endpoint:
     def __init__(
         self, base: str, tls: ssl.SSLContext | None = None, server_name: str | None = None
     ) -> None:
-        parts = urlsplit(base)
+        plain, self.authorization = split_userinfo(base)  # Host never carries them
+        parts = urlsplit(plain)
         secure = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if secure else 80)
@@ -237,6 +260,11 @@ class _Connection(asyncio.Protocol):
         self.received = False  # a byte of the current answer came back
         self.head_request = False
         self.until_eof = False  # an answer without length: it ends when the connection does
+        self.interim = False  # the parser is in a 1xx answer
+        self.http11: bool | None = None  # the connection's answers are HTTP/1.1
+        self.headers: list[tuple[bytes, bytes]] = []  # the head's fields, as they come
+        self.ended = False  # the final answer is complete, not yet delivered
+        self.beyond = False  # bytes came after the end of the answer
         self.paused = False
         self.drained: asyncio.Future[None] | None = None
         self.last_read = 0.0
@@ -249,16 +277,27 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         response = self.response
-        if response is None:  # nothing asked: a confused upstream
+        if response is None or response.complete:
+            # Nothing asked (an idle pooled connection), or bytes after a complete
+            # answer: a confused upstream. Never handed to the next request.
             self.close()
             return
         self.received = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+        except httptools.HttpParserUpgrade:
+            # llhttp stops at a 101 (or an upgrade it believes in): this client never
+            # asks for one, so the answer is unusable.
+            self._broken(UpstreamError("the upstream switched protocols unasked (101)"))
             return
-        if not response.complete:  # still due: the silence is counted from now
+        except httptools.HttpParserError as exc:
+            if not self.ended:
+                self._broken(UpstreamError(f"malformed answer from the upstream: {exc}"))
+                return
+            self.beyond = True  # garbage (or a second answer) after the complete one
+        if self.ended:
+            self._complete()
+        elif not response.complete:  # still due: the silence is counted from now
             self.last_read = self.pool.loop.time()
 
     def eof_received(self) -> bool:
@@ -269,9 +308,10 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self.pool.lost(self)
         response = self.response
-        if response is not None:
+        if response is not None and not response.complete:
             if self.until_eof and response.status:
-                self.on_message_complete()  # the answer ended with the connection
+                self.ended = True  # the answer ended with the connection
+                self._complete()
             else:
                 self._broken(UpstreamError("the upstream closed the connection"))
         drained = self.drained
@@ -287,20 +327,43 @@ class _Connection(asyncio.Protocol):
             drained.set_result(None)
 
     # -- httptools callbacks ------------------------------------------------------------
+    #
+    # The parser only observes; the answer is delivered after feed_data returns
+    # (data_received -> _complete), so that nothing the upstream sent after the end
+    # of its answer can reach the next exchange: once the final answer is complete
+    # (`ended`), any callback of a further message, or any body byte, raises _Beyond,
+    # which stops the parser; the connection is then closed, never reused.
+
+    def on_message_begin(self) -> None:
+        if self.ended:
+            raise _Beyond
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.response is not None
-        self.response.raw_headers.append((name, value))
+        # (a further message raised in on_message_begin: no check of `ended` here)
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.ended:
+            raise _Beyond
         response = self.response
         assert response is not None
         status = self.parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # interim answer: wait for the real one
-            response.raw_headers = []
+        if status == 101:  # never asked for: llhttp raises HttpParserUpgrade next
+            return
+        if 100 <= status < 200:  # interim answer: dropped, wait for the real one
+            response.raw_headers = self.headers = []
+            self.interim = True
             return
         response.status = status
-        response.keep_alive = self.parser.should_keep_alive()
+        # Reused only after an HTTP/1.1 answer without "Connection: close" whose end
+        # is known, as h11 reads it (an HTTP/1.0 answer is never reused; its version
+        # is read once per connection: llhttp's get_http_version costs as much as the
+        # rest of this method). llhttp cannot know an answer to HEAD has no body, so
+        # its keep-alive verdict is not asked for one.
+        parser = self.parser
+        http11 = self.http11
+        if http11 is None:
+            http11 = self.http11 = parser.get_http_version() == "1.1"
         length = None
         chunked = False
         for name, value in response.raw_headers:
@@ -309,22 +372,35 @@ class _Connection(asyncio.Protocol):
                 length = int(value) if value.isdigit() else None
             elif lowered == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
-        if self.head_request or status in _NO_BODY_STATUS:
+        bodiless = self.head_request or status in _NO_BODY_STATUS
+        if bodiless:
             length = 0
-        response.content_length = None if chunked else length
+            response.keep_alive = http11 and not any(
+                name.lower() == b"connection" and b"close" in _tokens(value)
+                for name, value in response.raw_headers
+            )
+        else:
+            response.keep_alive = http11 and parser.should_keep_alive()
+        if chunked:  # a trailer's fields go to a list of their own, dropped
+            self.headers = []
+        response.content_length = None if chunked and not bodiless else length
         self.until_eof = length is None and not chunked
         waiter = self.headers_ready
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         if response.sink is not None:
             response.sink.answer_head(response)
-        if self.head_request:
-            # httptools cannot be told the answer to HEAD has no body: end it here and
-            # give the next exchange a fresh parser.
+        if bodiless:
+            # The answer ends with its head whatever Content-Length says (HEAD, 204,
+            # 304): httptools cannot be told so, so the rest of this read goes to
+            # this parser (any byte of it is beyond the answer) and the next
+            # exchange gets a fresh one.
             self.parser = httptools.HttpResponseParser(self)
-            self.on_message_complete()
+            self.ended = True
 
     def on_body(self, body: bytes) -> None:
+        if self.ended:
+            raise _Beyond
         response = self.response
         if response is not None:
             sink = response.sink
@@ -334,13 +410,28 @@ class _Connection(asyncio.Protocol):
                 response._feed(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # the end of an interim answer
+            self.interim = False
+            return
         response = self.response
-        if response is None or response.status == 0 or response.complete:
-            return  # the end of an interim answer
+        if response is None or response.status == 0 or self.ended:
+            return
+        self.ended = True
+
+    def _complete(self) -> None:
+        # The final answer is complete (ended): deliver its end; bytes beyond it
+        # close the connection now.
+        response = self.response
+        assert response is not None
+        self.ended = False
+        if response.complete:
+            return
         response.complete = True
         self.pool.busy.discard(self)  # _cancel_timer()
-        if self.until_eof or not response.keep_alive:
+        if self.until_eof or not response.keep_alive or self.beyond:
             response.keep_alive = False
+        if self.beyond:
+            self.close()
         if response.sink is not None:
             response.sink.answer_end()
             if response._conn is not None:  # response._finished(), inline
@@ -367,6 +458,8 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.head_request = head
         self.until_eof = False
+        self.interim = self.ended = self.beyond = False
+        self.headers = response.raw_headers  # what on_header appends to
         self.headers_ready = loop.create_future() if response.sink is None else None
         now = loop.time()
         self.last_read = now
@@ -700,9 +793,10 @@ class H1Pool:
             try:
                 await self._exchange(conn, response, method, head, body)
                 return response
-            except UpstreamError:
-                resend = (
+            except UpstreamError as exc:
+                resend = (  # (a silent upstream may be working on it: never again)
                     reused
+                    and not isinstance(exc, TimeoutError)
                     and not conn.received
                     and (body is None or isinstance(body, bytes))
                     and method in _IDEMPOTENT

@@ -23,6 +23,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ._h1client import UpstreamConnectError
 from ._history import History, Snapshot, UpstreamSnapshot, history_settings, quantile
+from ._urls import shown_url
 
 __all__ = ["BREAKER_CODES", "GatewayMetrics", "StatusBuilder", "multiprocess_dir"]
 
@@ -311,6 +312,21 @@ class StatusBuilder:
     def history_document(self) -> dict[str, Any]:
         """The /history JSON document."""
         return self.history.document(ANSWERS)
+
+    @property
+    def upstreams(self) -> dict[str, dict[str, Any]]:
+        """Each upstream's static facts, its target URLs as they may be shown."""
+        return self._upstreams
+
+    @upstreams.setter
+    def upstreams(self, facts: dict[str, dict[str, Any]]) -> None:
+        # (set anew on a reload) credentials in a URL never reach /status or the page
+        self._upstreams = {
+            name: {**row, "targets": [shown_url(t) for t in row["targets"]]}
+            if "targets" in row
+            else row
+            for name, row in facts.items()
+        }
 
     def registry(self) -> Any:
         """The registry to read: merged multiprocess files, or the process's own."""

@@ -42,6 +42,7 @@ access_log = logging.getLogger("stormguard.gateway.access")
 log = logging.getLogger("stormguard.gateway")
 _BUFFER = 64 * 1024  # bodies up to this size are read whole (and may be retried)
 WATCH_AFTER = 0.05  # seconds before a request's disconnect watcher starts
+_NO_BODY_STATUS = (204, 304)
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 
 
@@ -533,12 +534,13 @@ async def _attempts(
 async def _relay(response: H1Response, send: Send, ex: _Exchange, method: str) -> None:
     # Small answers go out in one message; others stream as they arrive. A failure
     # after the status line went out can only cut the connection (the server does).
-    ex.status = response.status
-    start = {
-        "type": "http.response.start",
-        "status": response.status,
-        "headers": response_headers(response.raw_headers),
-    }
+    ex.status = status = response.status
+    headers = response_headers(response.raw_headers)
+    if status in _NO_BODY_STATUS:
+        # Bodiless whatever its Content-Length says (the upstream client read none):
+        # the listener would hold the empty body against that length.
+        headers = [pair for pair in headers if pair[0] != b"content-length"]
+    start = {"type": "http.response.start", "status": status, "headers": headers}
     started = False
     try:
         length = response.content_length
@@ -549,9 +551,15 @@ async def _relay(response: H1Response, send: Send, ex: _Exchange, method: str) -
             ex.done = True
             await send({"type": "http.response.body", "body": data})
             return
+        # The head goes out with the first body bytes (as on the callback path): an
+        # answer that breaks before any of it arrived is still a 502.
+        chunks = response.chunks()
+        first = await anext(chunks, b"")
         started = True
         await send(start)
-        async for chunk in response.chunks():
+        if first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+        async for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         ex.done = True
         await send({"type": "http.response.body", "body": b""})

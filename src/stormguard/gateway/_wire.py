@@ -169,11 +169,22 @@ def _render(parts: list[bytes], headers: Iterable[tuple[bytes, bytes]], chunked:
             parts += (name, b": ", value, b"\r\n")
 
 
+# The reason phrase of a status without a name (any of 100-999 is forwarded): its
+# class's, as RFC 9110 section 15 names the classes.
+_CLASS_PHRASES = {
+    1: "Informational",
+    2: "Successful",
+    3: "Redirection",
+    4: "Client Error",
+    5: "Server Error",
+}
+
+
 def _status_line(status: int) -> bytes:
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:
-        phrase = ""
+        phrase = _CLASS_PHRASES.get(status // 100, "Unknown")
     return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode("ascii"))
 
 

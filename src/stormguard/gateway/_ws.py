@@ -23,6 +23,7 @@ from ..server._websocket import WebSocketGuard, WebSocketLimits
 from ._clients import client_id
 from ._config import WebSocketSettings
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
+from ._urls import split_userinfo
 from ._wire import request_headers
 
 log = logging.getLogger("stormguard.gateway")
@@ -212,7 +213,8 @@ async def _proxy(
     assert settings is not None
     pool = route.upstream
     target = pool.pick()
-    base = target.base.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    base, authorization = split_userinfo(target.base)  # credentials: Authorization
+    base = base.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
     query = scope.get("query_string") or b""
     url = base + scope["path"] + ("?" + query.decode("latin-1") if query else "")
     view = ScopeView(scope)
@@ -220,7 +222,10 @@ async def _proxy(
         (k.decode("latin-1"), v.decode("latin-1"))
         for k, v in request_headers(scope, rt.identity.trusted_peer(view))
         if not k.lower().startswith(b"sec-websocket")
+        and not (authorization is not None and k.lower() == b"authorization")
     ]
+    if authorization is not None:
+        headers.append(("Authorization", authorization.decode("ascii")))
     protocols = [
         p.strip()
         for k, v in scope["headers"]
