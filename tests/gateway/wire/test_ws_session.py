@@ -473,6 +473,32 @@ async def test_shutdown_closes_with_1001(serve: Serve) -> None:
     assert echo.disconnect()["code"] == 1001
 
 
+@pytest.mark.parametrize("accept", [True, False], ids=["after-accept", "before-accept"])
+async def test_a_cancelled_app_closes_with_1001_or_503(serve: Serve, accept: bool) -> None:
+    """An app task cancelled (the gateway's hub on shutdown) closes 1001, or answers 503."""
+    started = asyncio.Event()
+
+    async def waits(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        if accept:
+            await send({"type": "websocket.accept"})
+        started.set()
+        await asyncio.Event().wait()
+
+    server = await serve(waits)
+    raw = await Raw.open(server, handshake())
+    await asyncio.wait_for(started.wait(), 5)
+    task = (await server.session()).task
+    assert task is not None
+    task.cancel()
+    if accept:
+        await raw.upgraded()
+        assert await raw.close_code() == 1001
+    else:
+        assert (await raw.head())[0] == 503
+    raw.close()
+
+
 async def test_shutdown_during_the_handshake_answers_503(serve: Serve) -> None:
     """shutdown() before the app accepted: 503, and the late accept raises OSError."""
     accepted = asyncio.Event()

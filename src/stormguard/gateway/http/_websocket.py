@@ -48,6 +48,11 @@ from ...server._types import ASGIApp, Message, Scope
 __all__ = ["ClientDisconnected", "WebSocketSession"]
 
 log = logging.getLogger("stormguard.gateway.websocket")
+# websockets logs every connection's open and close at INFO; the gateway's access log
+# and metrics already say that, so its own lines start at WARNING (a user can lower it).
+protocol_log = logging.getLogger("stormguard.gateway.websocket.protocol")
+if protocol_log.level == logging.NOTSET:
+    protocol_log.setLevel(logging.WARNING)
 
 HIGH_WATER = 16  # queued messages at which reading pauses
 LOW_WATER = 4  # ... and resumes
@@ -109,7 +114,7 @@ class WebSocketSession(asyncio.Protocol):
         self.protocol = ServerProtocol(
             extensions=enable_server_permessage_deflate(None) if compression else None,
             max_size=max_size,
-            logger=log,
+            logger=protocol_log,
         )
         self.task: asyncio.Task[None] | None = None
         self._response: Response | None = None  # the 101, until the app accepts
@@ -322,26 +327,35 @@ class WebSocketSession(asyncio.Protocol):
     # -- the ASGI side ------------------------------------------------------------
 
     async def _run(self) -> None:
-        failed = False
         try:
             await self.app(self.scope, self._asgi_receive, self._asgi_send)
         except ClientDisconnected:
-            pass  # the peer went away while the app was sending
+            self._after_app(1000)  # the peer went away while the app was sending
+        except asyncio.CancelledError:
+            self._after_app(1001)  # the app was stopped (the server is going away)
+            raise
         except Exception:
-            failed = True
             log.exception("WebSocket application failed")
+            self._after_app(1011)
+        else:
+            self._after_app(1000)
+
+    def _after_app(self, code: int) -> None:
+        """The app is done: end the handshake or the connection it left open."""
         if self._lost:
             return
         if not self._answered:
             if self._denial is not None:  # an unfinished http.response: its body so far
                 status, headers, body = self._denial
                 self._deny(status, headers, bytes(body))
+            elif code == 1001:
+                self._deny(503, [], b"Service Unavailable\n")
             else:
-                if not failed:
+                if code == 1000:
                     log.error("WebSocket application returned without accepting")
                 self._deny(500, [], b"Internal Server Error\n")
         else:
-            self._close(1011 if failed else 1000, "")
+            self._close(code, "")
 
     async def _asgi_receive(self) -> Message:
         while not self._inbox:
