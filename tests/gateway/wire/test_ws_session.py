@@ -109,6 +109,7 @@ class Server:
     compression: bool = True
     port: int = 0
     sessions: list[WebSocketSession] = field(default_factory=list)
+    clients: list[asyncio.StreamWriter] = field(default_factory=list)  # closed by the fixture
 
     @property
     def url(self) -> str:
@@ -127,9 +128,11 @@ Serve = Callable[..., Awaitable[Server]]
 async def serve() -> AsyncIterator[Serve]:
     """Start test servers on 127.0.0.1 free ports; all are stopped after the test."""
     started: list[asyncio.Server] = []
+    servers: list[Server] = []
 
     async def start(app: App, **settings: Any) -> Server:
         server = Server(app, **settings)
+        servers.append(server)
         loop = asyncio.get_running_loop()
         listening = await loop.create_server(lambda: _Head(server), "127.0.0.1", 0)
         started.append(listening)
@@ -137,6 +140,13 @@ async def serve() -> AsyncIterator[Serve]:
         return server
 
     yield start
+    for server in servers:
+        for writer in server.clients:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass  # the server cut it
     for listening in started:
         listening.close()
         await listening.wait_closed()
@@ -256,6 +266,7 @@ class Raw:
     @classmethod
     async def open(cls, server: Server, data: bytes = b"") -> Raw:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        server.clients.append(writer)
         if data:
             writer.write(data)
         return cls(reader, writer)
