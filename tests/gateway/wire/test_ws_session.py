@@ -93,7 +93,7 @@ class _Head(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         server = self.server
         session = WebSocketSession(
-            server.app, scope, transport, loop, server.max_size, compression=server.compression
+            server.app, scope, transport, loop, server.max_size, **server.options
         )
         self.server.sessions.append(session)
         transport.set_protocol(session)
@@ -106,7 +106,7 @@ class Server:
 
     app: App
     max_size: int = MAX_SIZE
-    compression: bool = True
+    options: dict[str, Any] = field(default_factory=dict)  # WebSocketSession's keywords
     port: int = 0
     sessions: list[WebSocketSession] = field(default_factory=list)
     clients: list[asyncio.StreamWriter] = field(default_factory=list)  # closed by the fixture
@@ -330,7 +330,7 @@ async def test_compression_can_be_turned_off(serve: Serve) -> None:
     """compression=False negotiates no extension; messages still flow."""
     offer = "permessage-deflate; client_max_window_bits"
     for compression in (True, False):
-        server = await serve(Echo(), compression=compression)
+        server = await serve(Echo(), options={"compression": compression})
         raw = await Raw.open(server, handshake(Sec_WebSocket_Extensions=offer))
         status, headers = await raw.head()
         assert status == 101
@@ -385,6 +385,22 @@ async def test_ping_is_answered_by_the_protocol(serve: Serve) -> None:
     async with client()(server.url) as ws:
         await asyncio.wait_for(await ws.ping(), 5)
     raw.close()
+
+
+async def test_keepalive_pings_and_fails_a_silent_peer_with_1011(serve: Serve) -> None:
+    """Pings go out every ping_interval; a peer that answers none is closed with 1011."""
+    echo = Echo()
+    server = await serve(echo, options={"ping_interval": 0.01, "ping_timeout": 0.5})
+    raw = await Raw.open(server, handshake())
+    await raw.upgraded()
+    for _ in range(3):  # an answering peer keeps getting pings, and stays connected
+        opcode, payload = await raw.frame()
+        assert opcode == Opcode.PING and len(payload) == 4
+        raw.writer.write(frame(Opcode.PONG, payload))
+    assert (await raw.frame())[0] == Opcode.PING  # this one goes unanswered
+    assert await raw.close_code() == 1011
+    await asyncio.wait_for(echo.done.wait(), 5)
+    assert echo.disconnect()["code"] == 1011
 
 
 # -- close codes ----------------------------------------------------------------------

@@ -17,6 +17,9 @@
 #   the protocol; a message over `max_size` closes with 1009, a bad frame with 1002,
 #   invalid UTF-8 with 1007 -- the protocol fails the connection, the app gets
 #   `websocket.disconnect`, nothing is logged (a hostile peer is not our error).
+# * Keepalive. Every `ping_interval` seconds of an open connection a ping goes out;
+#   a peer that has not answered it within `ping_timeout` seconds is failed with 1011
+#   (a vanished peer whose TCP never said so is found this way). None turns either off.
 # * Flow control. Messages wait in a queue the app drains with receive(); at HIGH_WATER
 #   queued messages reading pauses, and resumes at LOW_WATER. send() waits while the
 #   transport has paused writing.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
 from collections.abc import Iterable
 from http import HTTPStatus
@@ -106,6 +110,8 @@ class WebSocketSession(asyncio.Protocol):
         max_size: int,
         *,
         compression: bool = True,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
     ) -> None:
         self.app = app
         self.scope = scope
@@ -131,6 +137,10 @@ class WebSocketSession(asyncio.Protocol):
         self._disconnected = False  # websocket.disconnect is in the inbox
         self._lost = False
         self._close_timer: asyncio.TimerHandle | None = None
+        self.ping_interval = ping_interval
+        self.ping_timeout = ping_timeout
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._ping: bytes | None = None  # the payload of the ping awaiting its pong
 
     # -- the listener's side ------------------------------------------------------
 
@@ -194,6 +204,7 @@ class WebSocketSession(asyncio.Protocol):
         self._lost = True
         if self._close_timer is not None:
             self._close_timer.cancel()
+        self._stop_pings()
         try:
             self.protocol.receive_eof()
         except EOFError:
@@ -222,8 +233,13 @@ class WebSocketSession(asyncio.Protocol):
         except EOFError:
             return
         for frame in protocol.events_received():
-            if not isinstance(frame, Frame) or frame.opcode not in _DATA:
-                continue  # ping: answered by the protocol; close: see _flush
+            if not isinstance(frame, Frame):
+                continue
+            if frame.opcode not in _DATA:  # a ping is answered by the protocol; close: _flush
+                if frame.opcode is Opcode.PONG and self._ping == frame.data:
+                    self._ping = None
+                    self._schedule_ping()
+                continue
             self._fragments.append(bytes(frame.data))
             if frame.opcode is not Opcode.CONT:
                 self._text = frame.opcode is Opcode.TEXT
@@ -243,6 +259,38 @@ class WebSocketSession(asyncio.Protocol):
         if len(self._inbox) >= HIGH_WATER:
             self._pause_reading()
 
+    # -- keepalive ----------------------------------------------------------------
+
+    def _schedule_ping(self) -> None:
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+        if self.ping_interval is not None and not self._lost:
+            self._ping_timer = self.loop.call_later(self.ping_interval, self._send_ping)
+
+    def _send_ping(self) -> None:
+        self._ping_timer = None
+        if self._lost or self.protocol.state is not State.OPEN:
+            return
+        self._ping = os.urandom(4)
+        self.protocol.send_ping(self._ping)
+        self._flush()
+        if self.ping_timeout is None:
+            self._schedule_ping()
+        else:
+            self._ping_timer = self.loop.call_later(self.ping_timeout, self._ping_unanswered)
+
+    def _ping_unanswered(self) -> None:
+        self._ping_timer = None
+        if self._ping is not None and not self._lost and self.protocol.state is State.OPEN:
+            self.protocol.fail(1011, "keepalive ping timeout")
+            self._flush()
+
+    def _stop_pings(self) -> None:
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+
     def _put(self, message: Message) -> None:
         self._inbox.append(message)
         waiter, self._waiter = self._waiter, None
@@ -253,6 +301,7 @@ class WebSocketSession(asyncio.Protocol):
         if self._disconnected:
             return
         self._disconnected = True
+        self._stop_pings()
         protocol = self.protocol
         close = protocol.close_rcvd or protocol.close_sent
         code = close.code if close is not None else 1006
@@ -412,6 +461,7 @@ class WebSocketSession(asyncio.Protocol):
             self._answered = True
             self.protocol.send_response(response)
             self._flush()
+            self._schedule_ping()
             early, self._early = bytes(self._early), bytearray()
             if early:
                 self._receive(early)
