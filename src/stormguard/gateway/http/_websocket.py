@@ -21,7 +21,8 @@
 #   a peer that has not answered it within `ping_timeout` seconds is failed with 1011
 #   (a vanished peer whose TCP never said so is found this way). None turns either off.
 # * Flow control. Messages wait in a queue the app drains with receive(); at HIGH_WATER
-#   queued messages reading pauses, and resumes at LOW_WATER. send() waits while the
+#   queued messages reading pauses, and resumes at LOW_WATER. Frames sent in one loop
+#   step go out in one write (at once past OUTBOX_BYTES); send() waits while the
 #   transport has paused writing.
 # * Close. The app's `websocket.close` (or shutdown's 1001) sends a close frame; the
 #   peer's close is echoed by the protocol. The server closes TCP after the closing
@@ -58,6 +59,7 @@ protocol_log = logging.getLogger("stormguard.gateway.websocket.protocol")
 if protocol_log.level == logging.NOTSET:
     protocol_log.setLevel(logging.WARNING)
 
+OUTBOX_BYTES = 65536  # frames held for one write at most (then written at once)
 HIGH_WATER = 16  # queued messages at which reading pauses
 LOW_WATER = 4  # ... and resumes
 CLOSE_TIMEOUT = 10.0  # seconds a peer has to complete the closing handshake
@@ -131,6 +133,9 @@ class WebSocketSession(asyncio.Protocol):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._fragments: list[bytes] = []
+        self._outbox: list[bytes] = []  # frames written together at the end of the loop step
+        self._outbox_size = 0
+        self._write_soon = False
         self._text = False
         self._denial: tuple[int, list[tuple[str, str]], bytearray] | None = None
         self._answered = False  # a 101 or another HTTP answer was sent
@@ -210,6 +215,7 @@ class WebSocketSession(asyncio.Protocol):
         except EOFError:
             pass
         self.protocol.data_to_send()  # nothing can be written any more
+        self._outbox.clear()
         self._disconnect()
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
@@ -240,12 +246,16 @@ class WebSocketSession(asyncio.Protocol):
                     self._ping = None
                     self._schedule_ping()
                 continue
-            self._fragments.append(bytes(frame.data))
             if frame.opcode is not Opcode.CONT:
                 self._text = frame.opcode is Opcode.TEXT
             if not frame.fin:
+                self._fragments.append(bytes(frame.data))
                 continue
-            data, self._fragments = b"".join(self._fragments), []
+            if self._fragments:
+                self._fragments.append(bytes(frame.data))
+                data, self._fragments = b"".join(self._fragments), []
+            else:
+                data = bytes(frame.data)
             if self._text:
                 try:
                     text = data.decode("utf-8")
@@ -322,15 +332,35 @@ class WebSocketSession(asyncio.Protocol):
 
     def _flush(self, writes: list[bytes] | None = None) -> None:
         protocol = self.protocol
+        outbox = self._outbox
         for data in protocol.data_to_send() if writes is None else writes:
             if data:
-                if not self._lost:
-                    self.transport.write(data)
+                outbox.append(data)
+                self._outbox_size += len(data)
             else:  # EOF: the closing handshake is over, or the protocol failed
+                self._write_out()
                 self._close_transport()
                 self._disconnect()
+        if outbox:
+            if self._outbox_size >= OUTBOX_BYTES:
+                self._write_out()  # a fast sender meets the transport's flow control
+            elif not self._write_soon:
+                self._write_soon = True
+                self.loop.call_soon(self._write_out)
         if protocol.close_expected() and self._close_timer is None and not self._lost:
             self._close_timer = self.loop.call_later(CLOSE_TIMEOUT, self.transport.abort)
+
+    def _write_out(self) -> None:
+        """Write what the outbox holds in one call (one send(2) for many frames)."""
+        self._write_soon = False
+        outbox = self._outbox
+        if not outbox:
+            return
+        data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+        outbox.clear()
+        self._outbox_size = 0
+        if not self._lost:
+            self.transport.write(data)
 
     def _close_transport(self) -> None:
         if not self._lost:
