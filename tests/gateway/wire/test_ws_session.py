@@ -93,7 +93,7 @@ class _Head(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         server = self.server
         session = WebSocketSession(
-            server.app, scope, transport, loop, server.max_size, **server.options
+            server.app, scope, server.wrap(transport), loop, server.max_size, **server.options
         )
         self.server.sessions.append(session)
         transport.set_protocol(session)
@@ -107,6 +107,7 @@ class Server:
     app: App
     max_size: int = MAX_SIZE
     options: dict[str, Any] = field(default_factory=dict)  # WebSocketSession's keywords
+    wrap: Callable[[asyncio.Transport], Any] = lambda transport: transport
     port: int = 0
     sessions: list[WebSocketSession] = field(default_factory=list)
     clients: list[asyncio.StreamWriter] = field(default_factory=list)  # closed by the fixture
@@ -679,6 +680,46 @@ async def test_a_slow_app_pauses_reading_and_gets_every_message(serve: Serve) ->
     await until(session.transport.is_reading)
     assert [m.get("text") for m in echo.seen] == [f"m{i}" for i in range(count)]
     raw.close()
+
+
+class CountingWrites:
+    """A transport that counts its write() calls (everything else is the real one's)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.inner = transport
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_frames_sent_in_one_step_share_one_write(serve: Serve) -> None:
+    """Fifty sends without a pause between them reach the socket in one write."""
+    count = 50
+
+    async def burst(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        for i in range(count):
+            await send({"type": "websocket.send", "text": f"m{i}"})
+        await receive()
+
+    counted: list[CountingWrites] = []
+
+    def wrap(transport: asyncio.Transport) -> CountingWrites:
+        counted.append(CountingWrites(transport))
+        return counted[-1]
+
+    server = await serve(burst, wrap=wrap)
+    raw = await Raw.open(server, handshake())
+    await raw.upgraded()
+    for i in range(count):
+        assert await raw.frame() == (Opcode.TEXT, f"m{i}".encode())
+    assert counted[0].writes <= 2  # the 101, then the fifty frames
 
 
 async def test_send_waits_while_the_client_does_not_read(serve: Serve) -> None:
