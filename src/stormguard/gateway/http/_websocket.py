@@ -359,7 +359,7 @@ class WebSocketSession(asyncio.Protocol):
         data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
         outbox.clear()
         self._outbox_size = 0
-        if not self._lost:
+        if not self._lost and not self.transport.is_closing():
             self.transport.write(data)
 
     def _close_transport(self) -> None:
