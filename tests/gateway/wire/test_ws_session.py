@@ -625,6 +625,21 @@ async def test_bad_handshake_is_refused_before_the_app_runs(
     assert ran == []
 
 
+async def test_a_head_websockets_cannot_parse_is_refused(serve: Serve) -> None:
+    """A header line over websockets' 8 KiB: a short 4xx answer (431, or 400 on 12)."""
+    ran: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        ran.append(True)  # pragma: no cover - must not run
+
+    server = await serve(app)
+    raw = await Raw.open(server, handshake(Cookie="c=" + "x" * 9000))
+    status, headers = await raw.head()
+    body = await raw.rest()
+    assert status in (400, 431) and 0 < len(body) == int(headers["content-length"]) < 300
+    assert ran == []
+
+
 # -- hostile peers and limits ---------------------------------------------------------
 
 
