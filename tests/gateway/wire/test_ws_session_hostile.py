@@ -144,13 +144,11 @@ def test_hostile_bytes_never_raise_or_log(
                 seen.append(message)
                 if message["type"] == "websocket.disconnect":
                     return
-                await send(
-                    {
-                        "type": "websocket.send",
-                        "text": message.get("text"),
-                        "bytes": message.get("bytes"),
-                    }
-                )
+                reply = {"text": message.get("text"), "bytes": message.get("bytes")}
+                try:
+                    await send({"type": "websocket.send", **reply})
+                except OSError:
+                    pass  # closed already (ClientDisconnected); the disconnect is queued
         finally:
             done.set()
 

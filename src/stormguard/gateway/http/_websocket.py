@@ -440,8 +440,10 @@ class WebSocketSession(asyncio.Protocol):
         while not self._inbox:
             if self._disconnected:  # pragma: no cover - disconnect stays queued until read
                 return {"type": "websocket.disconnect", "code": 1006, "reason": ""}
-            self._waiter = self.loop.create_future()
-            await self._waiter
+            waiter = self._waiter
+            if waiter is None or waiter.done():  # two receivers wait on the same future
+                waiter = self._waiter = self.loop.create_future()
+            await asyncio.shield(waiter)
         message = self._inbox.popleft()
         if message["type"] == "websocket.disconnect":
             self._inbox.append(message)  # every later receive() says the same
