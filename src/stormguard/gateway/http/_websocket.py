@@ -6,17 +6,21 @@
 #   scope; the head is rendered again from the scope and fed to ServerProtocol, which
 #   parses it into its own Request (so its parser state is the real one) and checks it
 #   with accept(). A bad handshake (no Sec-WebSocket-Key, version 12, ...) is answered
-#   there with websockets' short 4xx text and closed; the app never runs.
+#   there with websockets' short 4xx text and closed; the app never runs. websockets'
+#   own head limits apply too (a header line over 8 KiB, as nginx's default buffers:
+#   431, or 400 on websockets 12).
 # * Before the app answers, bytes the client sends are kept, not parsed, and reading
 #   pauses (a client is not supposed to send frames before the 101).
 #   `websocket.accept` sends the prepared 101 (plus the app's subprotocol and headers),
 #   then the kept bytes are parsed. `websocket.close` before accept is 403;
 #   `websocket.http.response.start`/`.body` is that HTTP answer, then close. An app that
-#   returns (or fails) without either is 500.
+#   returns (or fails) without either is 500; one cancelled (the server stopping), 503.
 # * Open. Frames are assembled into `websocket.receive` messages; pings are answered by
 #   the protocol; a message over `max_size` closes with 1009, a bad frame with 1002,
 #   invalid UTF-8 with 1007 -- the protocol fails the connection, the app gets
-#   `websocket.disconnect`, nothing is logged (a hostile peer is not our error).
+#   `websocket.disconnect`, nothing is logged (a hostile peer is not our error). An
+#   app that returns closes with 1000, one that fails with 1011 (logged), one
+#   cancelled with 1001.
 # * Keepalive. Every `ping_interval` seconds of an open connection a ping goes out;
 #   a peer that has not answered it within `ping_timeout` seconds is failed with 1011
 #   (a vanished peer whose TCP never said so is found this way). None turns either off.
