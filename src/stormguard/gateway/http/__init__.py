@@ -1,0 +1,1 @@
+"""The gateway's own HTTP/1.1 layer."""
