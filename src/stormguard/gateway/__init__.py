@@ -9,7 +9,8 @@ protection, limiting and stores rather than rewritten:
 * ``_upstream``: per upstream its targets, connection pool, breaker, bulkhead, budget;
 * ``_proxy`` / ``_ws``: the HTTP and WebSocket legs; ``_wire``: proxy headers;
 * ``_metrics`` / ``_app``: Prometheus metrics, /status, the admin app;
-* ``_serve`` / ``_cli``: uvicorn, signals, reload, workers, the command.
+* ``http``: the HTTP/1.1 listener (the project's own, over httptools);
+* ``_serve`` / ``_cli``: the listeners, signals, reload, workers, the command.
 
 The gRPC leg lives in ``_grpc*.py`` beside these.
 """

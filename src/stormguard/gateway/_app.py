@@ -51,6 +51,12 @@ class Gateway:
             old.config.drain + 1.0, lambda: asyncio.ensure_future(new.close_retired())
         )
 
+    def allows_trace(self, path: str, host: str | None) -> bool:
+        """Whether a route lists TRACE for this path and host (else the listener
+        answers TRACE with 405)."""
+        route = self.runtime.match(path, "TRACE", host)
+        return route is not None and route.methods is not None and "TRACE" in route.methods
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":

@@ -1,4 +1,5 @@
-# Running the gateway: uvicorn servers on one event loop, signals, reload, workers.
+# Running the gateway: its own listeners (http/) on one event loop, signals, reload,
+# workers.
 #
 # One process (--workers 1): the proxy server and the admin server share a loop;
 # /status and /metrics read the process's own registry.
@@ -15,18 +16,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
+import ssl as ssl_module
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ._config import GatewayConfig, GatewayConfigError, load_config, split_hostport
+from .http._server import HTTPServer, start_server
 
 __all__ = ["run"]
 
@@ -51,43 +52,32 @@ def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _server(
-    app: Any, config: GatewayConfig, *, admin: bool, sock: socket.socket | None = None
-) -> Any:
-    import uvicorn
-
-    from ._h1server import gateway_protocol
-
-    class Server(uvicorn.Server):
-        sockets: list[socket.socket] | None = None
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # signals are ours (see _signals)
-            yield
-
+async def _server(
+    app: Any,
+    config: GatewayConfig,
+    *,
+    admin: bool,
+    sock: socket.socket | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+) -> HTTPServer:
+    """The listener serving ``app`` on ``listen.http`` (or ``sock``) or ``listen.admin``."""
     listen = config.listen.admin if admin else config.listen.http
     assert listen is not None
     host, port = split_hostport(listen)
     max_ws = max((r.websocket.max_message for r in config.routes if r.websocket), default=1 << 20)
-    uv = uvicorn.Config(
+    return await start_server(
         app,
         host=host,
         port=port,
-        lifespan="on" if not admin else "off",
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        log_level="warning",
-        http=gateway_protocol(config.header_timeout) if not admin else "h11",
-        ws="websockets-sansio" if not admin else "none",
-        date_header=admin,
-        ws_max_size=max_ws + 1024,
-        timeout_graceful_shutdown=max(int(config.drain), 1),
-        timeout_keep_alive=5,
+        sock=sock,
+        ssl=ssl,
+        header_timeout=config.header_timeout,
+        keep_alive_timeout=5.0,
+        max_header_bytes=config.max_header_bytes,
+        max_headers=config.max_headers,
+        max_target_bytes=config.max_target_bytes,
+        websocket_max_size=None if admin else max_ws + 1024,
     )
-    server = Server(uv)
-    server.sockets = [sock] if sock is not None else None
-    return server
 
 
 class _Watcher:
@@ -135,12 +125,12 @@ async def _serve(
     from ._metrics import StatusBuilder
 
     gateway = Gateway(config, workers=workers)
-    proxy = _server(gateway, config, admin=False, sock=sock)
-    servers = [proxy]
+    await gateway.start()  # (what an ASGI server's lifespan startup would call)
+    servers = [await _server(gateway, config, admin=False, sock=sock)]
     admin_app = None
     if with_admin and config.listen.admin:
         admin_app = AdminApp(StatusBuilder(gateway.metrics, _facts(config)), lambda: gateway.ready)
-        servers.append(_server(admin_app, config, admin=True))
+        servers.append(await _server(admin_app, config, admin=True))
     watcher = _Watcher(path, gateway, admin_app)
     loop = asyncio.get_running_loop()
     grpc_leg = None
@@ -149,12 +139,12 @@ async def _serve(
         from ._grpc_server import start_gateway_grpc
 
         grpc_leg = await start_gateway_grpc(gateway)
+    stopping = asyncio.Event()
 
     def stop() -> None:
         gateway.ready = False
         gateway.hub.shutdown()  # WebSockets close with 1001 before the server drains
-        for server in servers:
-            server.should_exit = True
+        stopping.set()
         if grpc_leg is not None:
             grpc_stops.append(asyncio.ensure_future(grpc_leg.server.stop(config.drain)))
 
@@ -163,11 +153,13 @@ async def _serve(
     loop.add_signal_handler(signal.SIGHUP, watcher.reload)
     poller = asyncio.ensure_future(watcher.poll())
     try:
-        await asyncio.gather(*(s.serve(sockets=s.sockets) for s in servers))
+        await stopping.wait()
+        await asyncio.gather(*(s.drain(config.drain) for s in servers))
     finally:
         poller.cancel()
         if grpc_leg is not None:
             await grpc_leg.stop(config.drain)
+        await gateway.stop()  # (an ASGI server's lifespan shutdown)
 
 
 def _print_ready(config: GatewayConfig, workers: int) -> None:
@@ -183,7 +175,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         import uvloop
 
         return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+    except ImportError:  # pragma: no cover - the gateway extra brings it
         return asyncio.new_event_loop()
 
 
@@ -244,12 +236,14 @@ def _supervise(path: Path, config: GatewayConfig, workers: int) -> None:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         status = StatusBuilder(None, _facts(config))
-        admin = _server(AdminApp(status, lambda: not stopping.is_set()), config, admin=True)
+        admin = None
+        if config.listen.admin:
+            admin_app = AdminApp(status, lambda: not stopping.is_set())
+            admin = await _server(admin_app, config, admin=True)
 
         def forward(sig: int) -> None:
             if sig != signal.SIGHUP:
                 stopping.set()
-                admin.should_exit = True
             else:
                 try:
                     status.upstreams = _facts(load_config(path))
@@ -272,10 +266,9 @@ def _supervise(path: Path, config: GatewayConfig, workers: int) -> None:
                         procs[i] = spawn()
 
         watchdog = asyncio.ensure_future(keep_alive())
-        if config.listen.admin:
-            await admin.serve()
-        else:
-            await stopping.wait()
+        await stopping.wait()
+        if admin is not None:
+            await admin.drain(1.0)
         watchdog.cancel()
 
     try:

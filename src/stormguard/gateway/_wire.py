@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from http import HTTPStatus
 from typing import Any
+
+from .http._head import status_line
 
 __all__ = ["DISCONNECT", "HOP_BY_HOP", "request_headers", "response_head", "response_headers"]
 
-# Scope entry set by the gateway's own HTTP protocol (_h1server.py): the request's
+# Scope entry set by the gateway's own HTTP listener (http/_listener.py): the request's
 # cycle; a callable put in its `on_lost` is called once if the client disconnects
 # before the answer is complete.
 DISCONNECT = "stormguard.disconnect"
@@ -160,14 +161,10 @@ def _render(parts: list[bytes], headers: Iterable[tuple[bytes, bytes]], chunked:
 
 
 def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode("ascii"))
+    return status_line(status)
 
 
-_STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+_STATUS_LINES = {status: status_line(status) for status in range(100, 1000)}
 # Names whose presence sends a head through response_headers() (hop-by-hop ones,
 # and Via, which the gateway extends).
 _NOT_PLAIN = HOP_BY_HOP | {b"via"}
