@@ -115,7 +115,7 @@ def host_of(hosts: Sequence[bytes], http_version: str, authority: bytes | None =
     return host if valid_host(host) else None
 
 
-_GENERIC = {1: "Informational", 2: "Success", 3: "Redirection", 4: "Client Error"}
+_GENERIC = {1: "Informational", 2: "Successful", 3: "Redirection", 4: "Client Error"}
 
 
 def _status_line(status: int) -> bytes:

@@ -292,6 +292,7 @@ class Listener(asyncio.Protocol):
                 offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
                 leftover = data[offset:] + rest
                 if self.websocket is not None:
+                    self.outbox.flush()  # the session writes the transport itself
                     self._hand_off(leftover)
                     return
                 if self.refusal:
@@ -529,7 +530,6 @@ class Listener(asyncio.Protocol):
             self._refuse(501)
             return
 
-        self.outbox.flush()  # the session writes the transport itself
         self.settings.watched.discard(self)
         self.state.connections.discard(self)
         max_size = self.settings.websocket_max_size or (1 << 20)
