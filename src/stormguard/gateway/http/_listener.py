@@ -492,6 +492,21 @@ class Listener(asyncio.Protocol):
         """Answer ``status`` (after the answer in progress) and close."""
         self.closing = True
         cycle = self.cycle
+        if (
+            isinstance(cycle, _Cycle)
+            and not self.in_head
+            and not self.pipeline
+            and not cycle.response_started
+            and not cycle.response_complete
+        ):
+            # The body of the request being answered is broken: the request ends
+            # here, as if its client had gone, and the listener answers it.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            on_lost, cycle.on_lost = cycle.on_lost, None
+            if on_lost is not None:
+                on_lost()
+            cycle = None
         if cycle is not None and not cycle.response_complete:
             self.refusal = status  # on_response_complete answers it
             self.flow.pause_reading()
