@@ -305,9 +305,7 @@ async def test_a_websocket_upgrade_after_a_refusal_finds_it_sent(
     assert b.request(GET)
     b.answer(OK)
     found: list[bytes] = []
-    monkeypatch.setattr(
-        Listener, "_hand_off", lambda self, leftover: found.append(b.client.take())
-    )
+    monkeypatch.setattr(Listener, "_hand_off", lambda self, leftover: found.append(b.client.take()))
     upgrade = (
         b"GET /ws HTTP/1.1\r\nHost: api.example\r\nUpgrade: websocket\r\n"
         b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"

@@ -174,8 +174,7 @@ def test_expect_100_continue_is_answered_before_the_body(gw: Front) -> None:
     """Expect: 100-continue: the client gets 100 Continue, sends the body, gets 200."""
     with Connection(gw.port) as conn:
         conn.send(
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
-            b"Expect: 100-continue\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
         )
         interim = conn.answer()
         assert interim.status == 100
@@ -212,7 +211,8 @@ def test_an_unknown_status_gets_a_generic_reason(gw: Front) -> None:
             id="cl-and-te",
         ),
         pytest.param(
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde",
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+            b"Content-Length: 5\r\n\r\nabcde",
             id="two-content-lengths",
         ),
         pytest.param(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n", id="obs-fold"),
@@ -338,7 +338,9 @@ def test_an_invalid_host_is_400(gw: Front, host: bytes) -> None:
     _refused(gw, _get(b"/echo", host=host), 400)
 
 
-@pytest.mark.parametrize("host", [b"a.example:8080", b"[::1]:80", b"10.0.0.1", b"xn--bcher-kva.example"])
+@pytest.mark.parametrize(
+    "host", [b"a.example:8080", b"[::1]:80", b"10.0.0.1", b"xn--bcher-kva.example"]
+)
 def test_a_valid_host_is_served_and_forwarded(gw: Front, host: bytes) -> None:
     """A valid host[:port] is served; the upstream sees it as X-Forwarded-Host."""
     seen = exchange(gw.port, _get(b"/echo", host=host)).json()

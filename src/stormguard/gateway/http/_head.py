@@ -31,9 +31,7 @@ __all__ = [
 ]
 
 _HEX = b"0123456789abcdefABCDEF"
-_UNRESERVED = frozenset(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
-)
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
 def _decode_unreserved(raw: bytes) -> bytes:
@@ -98,7 +96,9 @@ def valid_host(value: bytes) -> bool:
     return _HOST.fullmatch(value) is not None
 
 
-def host_of(hosts: Sequence[bytes], http_version: str, authority: bytes | None = None) -> bytes | None:
+def host_of(
+    hosts: Sequence[bytes], http_version: str, authority: bytes | None = None
+) -> bytes | None:
     """The host a request routes by, ``b""`` for none, or None (answer 400).
 
     ``hosts`` are the values of its Host headers, ``authority`` that of an

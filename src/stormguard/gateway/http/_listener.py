@@ -66,7 +66,7 @@ class ServerState:
 
     def __init__(self, default_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.connections: set[Listener] = set()
-        self.sessions: dict[Any, asyncio.BaseTransport] = {}
+        self.sessions: dict[Any, asyncio.Transport] = {}
         self.default_headers: list[tuple[bytes, bytes]] = default_headers or []
         self.total_requests = 0
 
@@ -155,11 +155,13 @@ class Flow:
             await self._drained.wait()
 
 
-def _answer(status: int, body: bytes = b"") -> bytes:
-    body = body or status_line(status)[9:-2] + b"\n"
-    return b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+def _answer(status: int) -> bytes:
+    """The listener's own answer: ``status``, its reason as the body, then the close."""
+    body = status_line(status)[9:-2] + b"\n"
+    return b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n%s%s" % (
         status_line(status),
         len(body),
+        b"connection: close\r\n\r\n",
         body,
     )
 
@@ -215,9 +217,7 @@ class Listener(asyncio.Protocol):
         settings = self.settings
         settings.watched.add(self)
         if settings.sweeper is None:
-            settings.sweeper = self.loop.call_later(
-                settings.sweep_every, settings.sweep, self.loop
-            )
+            settings.sweeper = self.loop.call_later(settings.sweep_every, settings.sweep, self.loop)
 
     def check_deadline(self, now: float) -> None:
         """Close the connection if its request head or keep-alive deadline passed."""
@@ -342,7 +342,10 @@ class Listener(asyncio.Protocol):
         self.header_count += 1
         self.header_bytes += len(name) + len(value) + 4
         settings = self.settings
-        if self.header_count > settings.max_headers or self.header_bytes > settings.max_header_bytes:
+        if (
+            self.header_count > settings.max_headers
+            or self.header_bytes > settings.max_header_bytes
+        ):
             raise _Refused(431)
         name = name.lower()
         if name == b"host":
@@ -397,8 +400,9 @@ class Listener(asyncio.Protocol):
         if authority is not None:
             headers[:] = [pair for pair in headers if pair[0] != b"host"]
             headers.append((b"host", authority))
-        target = _TARGETS.get(url, False)
-        if target is False:
+        try:
+            target = _TARGETS[url]
+        except KeyError:
             target = _target(url)
             if len(_TARGETS) >= _MAX_TARGETS:
                 _TARGETS.clear()
@@ -539,7 +543,7 @@ class Listener(asyncio.Protocol):
         scope, self.websocket = self.websocket, None
         assert scope is not None
         try:
-            from ._websocket import WebSocketSession
+            from ._websocket import WebSocketSession  # type: ignore[import-not-found,unused-ignore]
         except ImportError:  # pragma: no cover - the module ships with the package
             log.error("WebSocket upgrade refused: no WebSocket support installed")
             self._refuse(501)
@@ -651,7 +655,12 @@ class _Cycle:
             if not transport.is_closing():
                 self.proto.outbox.flush()
                 transport.write(_CONTINUE)
-        if not self.disconnected and not self.response_complete and self.more_body and not self.body:
+        if (
+            not self.disconnected
+            and not self.response_complete
+            and self.more_body
+            and not self.body
+        ):
             if not self.proto.closing:
                 self.proto.flow.resume_reading()
             await self.message_event.wait()

