@@ -687,9 +687,9 @@ class _Cycle:
         if not self.response_started:
             if kind != "http.response.start":
                 raise RuntimeError(f"Expected ASGI message 'http.response.start', got {kind!r}")
+            self.head = self._render(message["status"], message.get("headers", ()))
             self.response_started = True
             self.expect_100_continue = False
-            self.head = self._render(message["status"], message.get("headers", ()))
             return
         if self.response_complete or kind != "http.response.body":
             raise RuntimeError(f"Unexpected ASGI message {kind!r}")
