@@ -7,7 +7,7 @@ import asyncio
 import importlib.util
 import sys
 import types
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -96,7 +96,7 @@ async def test_a_header_with_crlf_from_the_app_is_never_sent(server: HTTPServer)
 class _FakeSession(asyncio.Protocol):
     """Stands for _websocket.WebSocketSession: records how it was handed the connection."""
 
-    made: list[_FakeSession] = []
+    made: ClassVar[list[_FakeSession]] = []
 
     def __init__(self, app: Any, scope: dict[str, Any], transport: Any, loop: Any, max_size: int):
         self.app, self.scope, self.transport, self.loop = app, scope, transport, loop
