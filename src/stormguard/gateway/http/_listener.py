@@ -53,6 +53,7 @@ _TARGETS: dict[bytes, tuple[str, bytes, bytes] | None] = {}
 _MAX_TARGETS = 1024
 # Host header -> whether it is a valid host (host_of): bounded like _TARGETS.
 _HOSTS: dict[bytes, bool] = {}
+_NOTED = frozenset({b"host", b"expect", b"upgrade"})  # header names the listener reads
 _HIGH_WATER = 65536  # request body bytes held before reading pauses
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
@@ -192,8 +193,9 @@ class Listener(asyncio.Protocol):
         self.websocket: dict[str, Any] | None = None  # the scope of an upgrade to hand off
         self.in_head = True  # the parser is inside a request head
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
-        self.header_count = 0
-        self.header_bytes = 0  # of this head's target and header lines
+        # What the head's target and header lines may still take (the caps).
+        self.headers_left = settings.max_headers
+        self.bytes_left = settings.max_header_bytes
         self.refusal = 0  # a status the listener answers once the answer in progress ends
         self.closing = False
         # The deadline sweep (ListenerSettings.sweep).
@@ -327,7 +329,10 @@ class Listener(asyncio.Protocol):
         self.in_head = True
         self.url = b""
         self.host = None
-        self.hosts = self.header_count = self.header_bytes = 0
+        self.hosts = 0
+        settings = self.settings
+        self.headers_left = settings.max_headers
+        self.bytes_left = settings.max_header_bytes
         self.expect_100_continue = False
         self.upgrade = None
         self.headers = []
@@ -336,26 +341,23 @@ class Listener(asyncio.Protocol):
         self.url += url
         if len(self.url) > self.settings.max_target_bytes:
             raise _Refused(414)
-        self.header_bytes += len(url)
+        self.bytes_left -= len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_count += 1
-        self.header_bytes += len(name) + len(value) + 4
-        settings = self.settings
-        if (
-            self.header_count > settings.max_headers
-            or self.header_bytes > settings.max_header_bytes
-        ):
+        self.headers_left -= 1
+        left = self.bytes_left = self.bytes_left - len(name) - len(value) - 4
+        if left < 0 or self.headers_left < 0:
             raise _Refused(431)
         name = name.lower()
-        if name == b"host":
-            self.host = value
-            self.hosts += 1
-        elif name == b"expect":
-            if value.lower() == b"100-continue":
-                self.expect_100_continue = True
-        elif name == b"upgrade":
-            self.upgrade = value.lower()
+        if name in _NOTED:
+            if name == b"host":
+                self.host = value
+                self.hosts += 1
+            elif name == b"expect":
+                if value.lower() == b"100-continue":
+                    self.expect_100_continue = True
+            else:
+                self.upgrade = value.lower()
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
