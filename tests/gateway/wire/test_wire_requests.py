@@ -162,6 +162,16 @@ def test_pipelined_requests_are_answered_in_order(gw: Front) -> None:
     assert paths == [f"/echo?n={n}" for n in range(4)]
 
 
+def test_many_pipelined_requests_in_one_write_are_all_answered(gw: Front) -> None:
+    """300 requests (more bytes than one head may hold) in one write: 300 answers, in order."""
+    raw = b"".join(_get(b"/echo?n=%d" % n, b"X-Pad: " + b"p" * 100) for n in range(300))
+    assert len(raw) > 40000
+    with Connection(gw.port) as conn:
+        conn.send(raw)
+        paths = [conn.answer().json()["path"] for _ in range(300)]
+    assert paths == [f"/echo?n={n}" for n in range(300)]
+
+
 def test_pipelined_slow_then_fast_keeps_the_order(gw: Front) -> None:
     """A fast request pipelined behind a slow one is answered after it."""
     with Connection(gw.port) as conn:

@@ -193,6 +193,7 @@ class Listener(asyncio.Protocol):
         self.websocket: dict[str, Any] | None = None  # the scope of an upgrade to hand off
         self.in_head = True  # the parser is inside a request head
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
+        self.completed = 0  # requests whose message ended
         # What the head's target and header lines may still take (the caps).
         self.headers_left = settings.max_headers
         self.bytes_left = settings.max_header_bytes
@@ -288,6 +289,7 @@ class Listener(asyncio.Protocol):
                 self.head_bytes += len(data)
             else:
                 rest = b""
+            completed = self.completed
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserUpgrade as exc:
@@ -317,8 +319,12 @@ class Listener(asyncio.Protocol):
             except httptools.HttpParserError:
                 self._refuse(400)
                 return
-            if self.in_head and rest:
-                self._refuse(431)  # the head did not end within the cap
+            if self.in_head and rest and completed == self.completed:
+                # The whole slice was one head, and it did not end within the cap.
+                # (Had a request ended inside the slice, the head now begun holds
+                # only part of it: the next slice counts afresh, so a head is held
+                # to twice the cap at most, and its complete lines to the cap.)
+                self._refuse(431)
                 return
             data = rest
 
@@ -485,6 +491,7 @@ class Listener(asyncio.Protocol):
         cycle.message_event.set()
 
     def on_message_complete(self) -> None:
+        self.completed += 1
         self.in_head = True
         self.head_bytes = 0
         cycle = self.cycle
