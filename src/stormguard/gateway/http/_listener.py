@@ -194,8 +194,10 @@ class Listener(asyncio.Protocol):
         self.in_head = True  # the parser is inside a request head
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
         self.completed = 0  # requests whose message ended
-        # What the head's target and header lines may still take (the caps).
-        self.headers_left = settings.max_headers
+        # The caps, and what the head's target and header lines may still take.
+        self.max_head = settings.max_header_bytes
+        self.max_headers = settings.max_headers
+        self.max_target = settings.max_target_bytes
         self.bytes_left = settings.max_header_bytes
         self.refusal = 0  # a status the listener answers once the answer in progress ends
         self.closing = False
@@ -276,50 +278,38 @@ class Listener(asyncio.Protocol):
         return None  # close (a half-closed client gets its answers only if written)
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        # The common case in a few steps: a read that holds a whole head, or body
+        # bytes; anything else (a head that may pass the cap) takes _received.
+        if self.in_head:
+            if self.closing or len(data) > self.max_head - self.head_bytes:
+                self._received(data)
+                return
+            self.head_bytes += len(data)
+        elif self.closing:
             return
-        while data:
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            leftover = self._failed(exc, data, b"")
+            if leftover:
+                self._received(leftover)
+
+    def _received(self, data: bytes) -> None:
+        while data and not self.closing:
+            rest = b""
             if self.in_head:
                 # Never hand the parser more head than the cap allows.
-                room = self.settings.max_header_bytes - self.head_bytes
+                room = self.max_head - self.head_bytes
                 if len(data) > room:
                     data, rest = data[: max(room, 0)], data[max(room, 0) :]
-                else:
-                    rest = b""
                 self.head_bytes += len(data)
-            else:
-                rest = b""
             completed = self.completed
             try:
                 self.parser.feed_data(data)
-            except httptools.HttpParserUpgrade as exc:
-                offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
-                leftover = data[offset:] + rest
-                if self.websocket is not None:
-                    self.outbox.flush()  # the session writes the transport itself
-                    self._hand_off(leftover)
-                    return
-                if self.refusal:
-                    self._refuse(self.refusal)
-                    return
-                # Any other Upgrade: the request was served as a plain one; the
-                # connection goes on as HTTP/1.1 with a fresh parser.
-                self.parser = httptools.HttpRequestParser(self)
-                self.in_head, self.head_bytes = True, 0
-                data = leftover
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                data = self._failed(exc, data, rest)
                 continue
-            except httptools.HttpParserCallbackError as exc:
-                cause = exc.__context__
-                if isinstance(cause, _Refused):
-                    self._refuse(cause.status)
-                else:
-                    log.error("gateway listener error", exc_info=cause or exc)
-                    self._refuse(500)
-                return
-            except httptools.HttpParserError:
-                self._refuse(400)
-                return
-            if self.in_head and rest and completed == self.completed:
+            if rest and self.in_head and completed == self.completed:
                 # The whole slice was one head, and it did not end within the cap.
                 # (Had a request ended inside the slice, the head now begun holds
                 # only part of it: the next slice counts afresh, so a head is held
@@ -327,6 +317,35 @@ class Listener(asyncio.Protocol):
                 self._refuse(431)
                 return
             data = rest
+
+    def _failed(self, exc: Exception, data: bytes, rest: bytes) -> bytes:
+        """Act on the parser's exception for ``data`` (``rest`` not fed yet); the
+        bytes to parse next (b"": none)."""
+        if isinstance(exc, httptools.HttpParserUpgrade):
+            offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+            leftover = data[offset:] + rest
+            if self.websocket is not None:
+                self.outbox.flush()  # the session writes the transport itself
+                self._hand_off(leftover)
+                return b""
+            if self.refusal:
+                self._refuse(self.refusal)
+                return b""
+            # Any other Upgrade: the request was served as a plain one; the
+            # connection goes on as HTTP/1.1 with a fresh parser.
+            self.parser = httptools.HttpRequestParser(self)
+            self.in_head, self.head_bytes = True, 0
+            return leftover
+        if isinstance(exc, httptools.HttpParserCallbackError):
+            cause = exc.__context__
+            if isinstance(cause, _Refused):
+                self._refuse(cause.status)
+            else:
+                log.error("gateway listener error", exc_info=cause or exc)
+                self._refuse(500)
+            return b""
+        self._refuse(400)
+        return b""
 
     # -- the parser's callbacks -------------------------------------------------------------
 
@@ -336,24 +355,23 @@ class Listener(asyncio.Protocol):
         self.url = b""
         self.host = None
         self.hosts = 0
-        settings = self.settings
-        self.headers_left = settings.max_headers
-        self.bytes_left = settings.max_header_bytes
+        self.bytes_left = self.max_head
         self.expect_100_continue = False
         self.upgrade = None
         self.headers = []
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.settings.max_target_bytes:
+        if len(self.url) > self.max_target:
             raise _Refused(414)
         self.bytes_left -= len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers_left -= 1
-        left = self.bytes_left = self.bytes_left - len(name) - len(value) - 4
-        if left < 0 or self.headers_left < 0:
+        headers = self.headers
+        if len(headers) >= self.max_headers:
             raise _Refused(431)
+        # (checked once the head is complete; data_received bounds what is held)
+        self.bytes_left -= len(name) + len(value) + 4
         name = name.lower()
         if name in _NOTED:
             if name == b"host":
@@ -364,11 +382,13 @@ class Listener(asyncio.Protocol):
                     self.expect_100_continue = True
             else:
                 self.upgrade = value.lower()
-        self.headers.append((name, value))
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.settings.watched.discard(self)
         self.in_head = False
+        if self.bytes_left < 0:
+            raise _Refused(431)
         parser = self.parser
         method_raw = parser.get_method()
         method = _METHODS.get(method_raw) or method_raw.decode("ascii")
