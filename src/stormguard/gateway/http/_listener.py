@@ -477,7 +477,7 @@ class Listener(asyncio.Protocol):
             "scheme": settings.scheme,
             "root_path": "",
             "headers": headers,
-            "state": {},
+            # (no "state": the listener runs no lifespan, and ASGI makes it optional)
             "method": method,
             "path": path,
             "raw_path": raw_path,
