@@ -18,17 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import yaml
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from stormguard.gateway._app import Gateway
 from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._config import load_config
 from stormguard.gateway._h1client import _Connection
-from stormguard.gateway._h1server import gateway_protocol
 from stormguard.gateway._wire import response_head
+from stormguard.gateway.http._listener import Listener, ListenerSettings
 
 
 class _Transport:
@@ -102,17 +99,7 @@ async def bench(tmp_path: Path) -> AsyncIterator[Any]:
         path.write_text(yaml.safe_dump(config))
         gateway = Gateway(load_config(path))
         made.append(gateway)
-        uv = uvicorn.Config(
-            gateway,
-            http=gateway_protocol(10.0),
-            lifespan="off",
-            proxy_headers=False,
-            server_header=False,
-            date_header=False,
-            log_level="warning",
-        )
-        uv.load()
-        proto = uv.http_protocol_class(config=uv, server_state=ServerState(), app_state={})  # type: ignore[call-arg]
+        proto = Listener(ListenerSettings(gateway, header_timeout=10.0, websocket_max_size=1 << 20))
         client = _Transport(("10.1.2.3", 40000))
         proto.connection_made(client)
         pool = gateway.runtime.upstreams["a"]
@@ -240,7 +227,7 @@ async def test_an_unlisted_status_gets_a_status_line(bench: Any) -> None:
     b = await bench()
     b.request(GET)
     lines, _ = _head_and_body(b.answer(b"HTTP/1.1 299 Custom\r\nContent-Length: 0\r\n\r\n"))
-    assert lines[0] == b"HTTP/1.1 299 Successful"
+    assert lines[0] == b"HTTP/1.1 299 Successful"  # the class's generic reason phrase
 
 
 async def test_a_client_asking_to_close_is_answered_and_closed(bench: Any) -> None:
@@ -299,7 +286,7 @@ async def test_a_streamed_answer_pauses_the_upstream_while_the_client_cannot_tak
 
 
 async def test_a_bad_request_after_a_refusal_is_answered_after_it(bench: Any) -> None:
-    """uvicorn's own 400 on the connection goes out after the refusal held before it."""
+    """The listener's own 400 on the connection goes out after the refusal held before it."""
     b = await bench({"one": {"algorithm": "token_bucket", "rate": 0.001, "burst": 1}})
     assert b.request(GET)
     b.answer(OK)
@@ -319,9 +306,7 @@ async def test_a_websocket_upgrade_after_a_refusal_finds_it_sent(
     assert b.request(GET)
     b.answer(OK)
     found: list[bytes] = []
-    monkeypatch.setattr(
-        HttpToolsProtocol, "handle_websocket_upgrade", lambda self: found.append(b.client.take())
-    )
+    monkeypatch.setattr(Listener, "_hand_off", lambda self, leftover: found.append(b.client.take()))
     upgrade = (
         b"GET /ws HTTP/1.1\r\nHost: api.example\r\nUpgrade: websocket\r\n"
         b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -595,7 +580,7 @@ async def test_each_answer_on_a_connection_gets_its_own_head(bench: Any) -> None
 async def test_a_request_target_seen_again_reads_alike(bench: Any) -> None:
     """A target parsed before gives the same scope path (percent-decoded), raw path and
     query; the table of targets is cleared when full, not grown."""
-    from stormguard.gateway import _h1server
+    from stormguard.gateway.http import _listener
 
     b = await bench()
     request = b"GET /items%20x?page=2 HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -610,9 +595,9 @@ async def test_a_request_target_seen_again_reads_alike(bench: Any) -> None:
         )
         b.answer(OK)
     assert sent[0] == sent[1] and sent[0].startswith(b"GET /items%20x?page=2 HTTP/1.1\r\n")
-    _h1server._TARGETS.update({b"/%d" % i: ("", b"", b"") for i in range(_h1server._MAX_TARGETS)})
+    _listener._TARGETS.update({b"/%d" % i: ("", b"", b"") for i in range(_listener._MAX_TARGETS)})
     b.request(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert list(_h1server._TARGETS) == [b"/other"]
+    assert list(_listener._TARGETS) == [b"/other"]
 
 
 class _LoopClock:

@@ -1,4 +1,4 @@
-"""The callback path (_fastpath.py) and the lean server cycle (_h1server.py)."""
+"""The callback path (_fastpath.py) on the gateway's own listener (http/_listener.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A small upstream for the gateway tests: ``python upstream.py PORT [NAME [CERT KEY]]``
 (with CERT and KEY it serves https and wss).
 
-Endpoints: ``/echo`` (method, path, headers and body size as JSON), ``/status/N``,
+Endpoints: ``/echo`` (method, path, raw path, headers and body size as JSON), ``/status/N``,
 ``/slow?s=SECONDS``, ``/stream?n=N`` (N chunks), ``/big?n=BYTES``, ``/count``
 (requests seen so far), ``/ws`` (echo; ``close:CODE`` closes with CODE).
 """
@@ -24,6 +24,7 @@ async def echo(request: web.Request) -> web.Response:
             "name": request.app["name"],
             "method": request.method,
             "path": request.path_qs,
+            "raw_path": request.raw_path,
             "headers": dict(request.headers),
             "size": len(body),
         }

@@ -10,7 +10,8 @@ protection, limiting and stores rather than rewritten:
 * ``_proxy`` / ``_ws``: the HTTP and WebSocket legs; ``_wire``: proxy headers;
 * ``_metrics`` / ``_app``: Prometheus metrics, /status, the admin app;
 * ``_tls``: the listener's and the upstreams' TLS contexts;
-* ``_serve`` / ``_cli``: uvicorn, signals, reload, workers, the command.
+* ``http``: the HTTP/1.1 listener (the project's own, over httptools);
+* ``_serve`` / ``_cli``: the listeners, signals, reload, workers, the command.
 
 The gRPC leg lives in ``_grpc*.py`` beside these.
 """

@@ -53,6 +53,12 @@ class Gateway:
             old.config.drain + 1.0, lambda: asyncio.ensure_future(new.close_retired())
         )
 
+    def allows_trace(self, path: str, host: str | None) -> bool:
+        """Whether a route lists TRACE for this path and host (else the listener
+        answers TRACE with 405)."""
+        route = self.runtime.match(path, "TRACE", host)
+        return route is not None and route.methods is not None and "TRACE" in route.methods
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
@@ -125,15 +131,25 @@ class AdminApp:
                 log.debug("history sample failed", exc_info=True)
             await asyncio.sleep(status.history.bucket)
 
+    def start(self) -> None:
+        """Start the history sampler (what ASGI lifespan startup does)."""
+        if self._sampler is None:
+            self._sampler = asyncio.ensure_future(self._sample())
+
+    def stop(self) -> None:
+        """Stop the history sampler (what ASGI lifespan shutdown does)."""
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
-                if message["type"] == "lifespan.startup" and self._sampler is None:
-                    self._sampler = asyncio.ensure_future(self._sample())
-                elif message["type"] == "lifespan.shutdown" and self._sampler is not None:
-                    self._sampler.cancel()
-                    self._sampler = None
+                if message["type"] == "lifespan.startup":
+                    self.start()
+                elif message["type"] == "lifespan.shutdown":
+                    self.stop()
                 reply = message["type"] + ".complete"
                 await send({"type": reply})
                 if message["type"] == "lifespan.shutdown":

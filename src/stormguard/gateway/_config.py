@@ -489,6 +489,11 @@ class GatewayConfig(_Model):
     routes: list[Route] = Field(default_factory=list)
     max_body: Annotated[int, Field(ge=0)] = 10 << 20
     header_timeout: Seconds = 10.0
+    # Request head caps, enforced by the listener's parser before any stage runs:
+    # over them 431 (414 for the target) and the connection closed.
+    max_header_bytes: Annotated[int, Field(ge=256)] = 32768
+    max_headers: Annotated[int, Field(ge=1)] = 100
+    max_target_bytes: Annotated[int, Field(ge=16)] = 8192
     body_timeout: Seconds = 30.0
     drain: Annotated[float, Field(ge=0)] = 10.0
     access_log: bool = True

@@ -177,7 +177,7 @@ class _NoEvent:
     """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
 
     __slots__ = ()
-    # A no-op in C (uvicorn's protocol calls it once per request): set() -> None.
+    # A no-op in C (the listener calls it when the client goes away): set() -> None.
     set = object.__init__
 
 
@@ -188,7 +188,7 @@ class FastExchange(_Exchange):
     """One request on the callback path: the connection's cycle, the upstream's sink
     and the request's bookkeeping (:class:`_Exchange`) in one object.
 
-    uvicorn's protocol sees it as the connection's cycle (``response_complete``,
+    The listener (http/_listener.py) sees it as the connection's cycle (``response_complete``,
     ``disconnected``, ``keep_alive``, ``more_body``, ``body``, ``message_event``);
     the answer goes straight to the client's transport: its head is rendered in one
     pass from the upstream's raw headers (:func:`_wire.response_head`) and written
@@ -197,7 +197,7 @@ class FastExchange(_Exchange):
     _outbox.py); a streamed body goes out at once.
     """
 
-    message_event = _NO_EVENT  # uvicorn's protocol calls its set(); nobody waits on it
+    message_event = _NO_EVENT  # the listener calls its set(); nobody waits on it
     __slots__ = (
         "admitted",
         "body",
@@ -432,7 +432,7 @@ class FastExchange(_Exchange):
 
     def _end(self, body: bytes) -> None:
         # The answer's last bytes (with its head, if it is still held) go out with
-        # the pass's other writes; what uvicorn's cycle does at its last body
+        # the pass's other writes; what the ASGI cycle does at its last body
         # message, then the books.
         if not self.disconnected:
             head = self.head

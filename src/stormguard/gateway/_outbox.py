@@ -19,7 +19,7 @@
 # * whoever writes or closes a transport directly flushes first, so that the order
 #   of its bytes holds: an answer that closes its connection, a streamed body
 #   (written at once, so that the client's back-pressure is seen at once and the
-#   upstream is paused, as before), uvicorn's 400, a WebSocket upgrade (its
+#   upstream is paused, as before), the listener's own 400, a WebSocket upgrade (its
 #   protocol writes the transport itself), the server's shutdown.
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-# Running the gateway: uvicorn servers on one event loop, signals, reload, workers.
+# Running the gateway: its own listeners (http/) on one event loop, signals, reload,
+# workers.
 #
 # One process (--workers 1): the proxy server and the admin server share a loop;
 # /status and /metrics read the process's own registry.
@@ -15,18 +16,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
+import ssl as ssl_module
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ._config import GatewayConfig, GatewayConfigError, load_config, split_hostport
+from .http._server import HTTPServer, start_server
 
 __all__ = ["run"]
 
@@ -61,60 +62,42 @@ def _listener(config: GatewayConfig) -> dict[str, Any]:
     }
 
 
-def _server(
-    app: Any, config: GatewayConfig, *, admin: bool, sock: socket.socket | None = None
-) -> Any:
-    import uvicorn
-
-    from ._h1server import gateway_protocol
-
-    class Server(uvicorn.Server):
-        sockets: list[socket.socket] | None = None
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # signals are ours (see _signals)
-            yield
-
+async def _server(
+    app: Any,
+    config: GatewayConfig,
+    *,
+    admin: bool,
+    sock: socket.socket | None = None,
+) -> HTTPServer:
+    """The listener serving ``app`` on ``listen.http`` (or ``sock``) or ``listen.admin``;
+    the proxy listener with TLS when ``listen.http`` has ``tls``."""
     listen = config.listen.admin if admin else config.listen.http
     assert listen is not None
     host, port = split_hostport(listen)
     max_ws = max((r.websocket.max_message for r in config.routes if r.websocket), default=1 << 20)
-    uv = uvicorn.Config(
+    return await start_server(
         app,
         host=host,
         port=port,
-        lifespan="on",  # the admin app's history sampler runs between startup and shutdown
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        log_level="warning",
-        http=gateway_protocol(config.header_timeout) if not admin else "h11",
-        ws="websockets-sansio" if not admin else "none",
-        date_header=admin,
-        ws_max_size=max_ws + 1024,
-        timeout_graceful_shutdown=max(int(config.drain), 1),
-        timeout_keep_alive=5,
-        **({} if admin else _tls_options(config)),
+        sock=sock,
+        ssl=None if admin else _ssl_context(config),
+        header_timeout=config.header_timeout,
+        keep_alive_timeout=5.0,
+        max_header_bytes=config.max_header_bytes,
+        max_headers=config.max_headers,
+        max_target_bytes=config.max_target_bytes,
+        websocket_max_size=None if admin else max_ws + 1024,
     )
-    server = Server(uv)
-    server.sockets = [sock] if sock is not None else None
-    return server
 
 
-def _tls_options(config: GatewayConfig) -> dict[str, Any]:
-    # The listener's TLS as uvicorn's public options (the same files and rule as
-    # _tls.server_context: client_ca makes a client certificate required).
-    import ssl
-
+def _ssl_context(config: GatewayConfig) -> ssl_module.SSLContext | None:
+    # listen.http's tls (client_ca makes a client certificate required: _tls.py).
     tls = config.listen.http_tls
     if tls is None:
-        return {}
-    return {
-        "ssl_certfile": tls.cert,
-        "ssl_keyfile": tls.key,
-        "ssl_ca_certs": tls.client_ca,
-        "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.client_ca else ssl.CERT_NONE,
-    }
+        return None
+    from ._tls import server_context
+
+    return server_context(tls)
 
 
 class _Watcher:
@@ -162,13 +145,14 @@ async def _serve(
     from ._metrics import StatusBuilder
 
     gateway = Gateway(config, workers=workers)
-    proxy = _server(gateway, config, admin=False, sock=sock)
-    servers = [proxy]
+    await gateway.start()  # (what an ASGI server's lifespan startup would call)
+    servers = [await _server(gateway, config, admin=False, sock=sock)]
     admin_app = None
     if with_admin and config.listen.admin:
         status = StatusBuilder(gateway.metrics, _facts(config), _listener(config))
         admin_app = AdminApp(status, lambda: gateway.ready)
-        servers.append(_server(admin_app, config, admin=True))
+        servers.append(await _server(admin_app, config, admin=True))
+        admin_app.start()  # the history sampler
     watcher = _Watcher(path, gateway, admin_app)
     loop = asyncio.get_running_loop()
     grpc_leg = None
@@ -177,12 +161,12 @@ async def _serve(
         from ._grpc_server import start_gateway_grpc
 
         grpc_leg = await start_gateway_grpc(gateway)
+    stopping = asyncio.Event()
 
     def stop() -> None:
         gateway.ready = False
         gateway.hub.shutdown()  # WebSockets close with 1001 before the server drains
-        for server in servers:
-            server.should_exit = True
+        stopping.set()
         if grpc_leg is not None:
             grpc_stops.append(asyncio.ensure_future(grpc_leg.server.stop(config.drain)))
 
@@ -191,11 +175,15 @@ async def _serve(
     loop.add_signal_handler(signal.SIGHUP, watcher.reload)
     poller = asyncio.ensure_future(watcher.poll())
     try:
-        await asyncio.gather(*(s.serve(sockets=s.sockets) for s in servers))
+        await stopping.wait()
+        await asyncio.gather(*(s.drain(config.drain) for s in servers))
     finally:
         poller.cancel()
         if grpc_leg is not None:
             await grpc_leg.stop(config.drain)
+        if admin_app is not None:
+            admin_app.stop()
+        await gateway.stop()  # (an ASGI server's lifespan shutdown)
 
 
 def _print_ready(config: GatewayConfig, workers: int) -> None:
@@ -212,7 +200,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         import uvloop
 
         return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+    except ImportError:  # pragma: no cover - the gateway extra brings it
         return asyncio.new_event_loop()
 
 
@@ -273,12 +261,15 @@ def _supervise(path: Path, config: GatewayConfig, workers: int) -> None:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         status = StatusBuilder(None, _facts(config), _listener(config))
-        admin = _server(AdminApp(status, lambda: not stopping.is_set()), config, admin=True)
+        admin = None
+        if config.listen.admin:
+            admin_app = AdminApp(status, lambda: not stopping.is_set())
+            admin = await _server(admin_app, config, admin=True)
+            admin_app.start()
 
         def forward(sig: int) -> None:
             if sig != signal.SIGHUP:
                 stopping.set()
-                admin.should_exit = True
             else:
                 try:
                     status.upstreams = _facts(load_config(path))
@@ -301,10 +292,10 @@ def _supervise(path: Path, config: GatewayConfig, workers: int) -> None:
                         procs[i] = spawn()
 
         watchdog = asyncio.ensure_future(keep_alive())
-        if config.listen.admin:
-            await admin.serve()
-        else:
-            await stopping.wait()
+        await stopping.wait()
+        if admin is not None:
+            admin_app.stop()
+            await admin.drain(1.0)
         watchdog.cancel()
 
     try:

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from http import HTTPStatus
 from typing import Any
+
+from .http._head import status_line
 
 __all__ = ["DISCONNECT", "HOP_BY_HOP", "request_headers", "response_head", "response_headers"]
 
-# Scope entry set by the gateway's own HTTP protocol (_h1server.py): the request's
+# Scope entry set by the gateway's own HTTP listener (http/_listener.py): the request's
 # cycle; a callable put in its `on_lost` is called once if the client disconnects
 # before the answer is complete.
 DISCONNECT = "stormguard.disconnect"
@@ -137,7 +138,7 @@ def response_head(
     ``Connection: close`` unless ``keep_alive`` and ``Transfer-Encoding: chunked``
     when ``chunked`` (any Content-Length is then left out: the body is framed
     here). Names go out lower-cased."""
-    parts = [_STATUS_LINES.get(status) or _status_line(status)]
+    parts = [_STATUS_LINES.get(status) or status_line(status)]
     if default:
         _render(parts, default, False)
     if not via:
@@ -169,26 +170,8 @@ def _render(parts: list[bytes], headers: Iterable[tuple[bytes, bytes]], chunked:
             parts += (name, b": ", value, b"\r\n")
 
 
-# The reason phrase of a status without a name (any of 100-999 is forwarded): its
-# class's, as RFC 9110 section 15 names the classes.
-_CLASS_PHRASES = {
-    1: "Informational",
-    2: "Successful",
-    3: "Redirection",
-    4: "Client Error",
-    5: "Server Error",
-}
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = _CLASS_PHRASES.get(status // 100, "Unknown")
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode("ascii"))
-
-
-_STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+# Every status 100-999 has its line (http/_head.py: a generic phrase when unknown).
+_STATUS_LINES = {status: status_line(status) for status in range(100, 1000)}
 # Names whose presence sends a head through response_headers() (hop-by-hop ones,
 # and Via, which the gateway extends).
 _NOT_PLAIN = HOP_BY_HOP | {b"via"}

@@ -127,7 +127,6 @@ CASES: dict[str, Case] = {
 }
 
 # Reasons a case cannot pass yet on one path (the listener rewrite, gateway/http/).
-ASGI_LISTENER = {"status_999": "the uvicorn-based listener has no status line for 999"}
 
 
 def _script(request: Request) -> Iterable[Step]:
@@ -189,8 +188,6 @@ def test_hostile_upstream(
 ) -> None:
     """The client gets the upstream's complete answer or a clean refusal or cut, never
     bytes beyond the answer; the upstream saw the one request, framed by the gateway."""
-    if route == "asgi" and name in ASGI_LISTENER:
-        request.applymarker(pytest.mark.xfail(reason=ASGI_LISTENER[name], strict=False))
     case = CASES[name]
     _warm(gateway, route)
     before = len(gateway.output())
