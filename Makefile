@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint types unit demo bench docs clean rls-protos
+.PHONY: test test-all stress lint types unit demo bench docs clean rls-protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,16 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy src tests/typing
 
+# Every core (pytest-xdist; a file's tests stay on one worker, so its fixtures are
+# made once); the heavy stress tests wait for `make test-all`.
 unit: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not stress"
+
+stress: $(STAMP)
+	$(BIN)/python -m pytest -n auto --dist loadfile -m stress
+
+# Everything: what `make test` runs, then the stress tests (CI runs both).
+test-all: test stress
 
 test: lint types unit
 

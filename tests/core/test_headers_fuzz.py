@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -139,6 +141,7 @@ def run_fuzz(seed: int, count: int) -> int:
     return checked
 
 
+@pytest.mark.stress
 def test_fuzz_hundred_thousand_values() -> None:
     """100,000 mutated values (truncated, flipped, huge, unicode, 10 kB, repeated) never raise."""
     started = time.perf_counter()

@@ -55,6 +55,7 @@ def test_oversized_cost_is_denied_forever() -> None:
     assert not decision.allowed and decision.retry_after == float("inf")
 
 
+@pytest.mark.stress
 @pytest.mark.parametrize("algorithm", [TokenBucket(5, 5), GCRA(5, 5)])
 def test_a_million_keys_stay_within_the_cap(algorithm: TokenBucket | GCRA) -> None:
     """A flood of a million distinct keys through the fast path keeps max_keys entries."""

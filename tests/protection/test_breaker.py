@@ -412,6 +412,7 @@ async def test_cancelled_probe_gives_its_slot_back(clock: FakeClock, rng: random
 # -- stress ---------------------------------------------------------------------------
 
 
+@pytest.mark.stress
 def test_stress_32_threads_10000_calls_counts_add_up() -> None:
     """32 threads x 10,000 mixed calls: every call is accounted for, nothing deadlocks."""
     breaker = CircuitBreaker(min_calls=20, failure_rate=0.5, open_for=0.001, open_for_max=0.002)
@@ -452,6 +453,7 @@ def test_stress_32_threads_10000_calls_counts_add_up() -> None:
     assert totals["ok"] > 0
 
 
+@pytest.mark.stress
 async def test_stress_1000_tasks_counts_add_up() -> None:
     """1,000 asyncio tasks x 20 mixed calls: every call is accounted for."""
     breaker = CircuitBreaker(min_calls=20, failure_rate=0.5, open_for=0.001, open_for_max=0.002)

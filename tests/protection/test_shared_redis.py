@@ -132,6 +132,7 @@ def _process_callers(
     store.close()
 
 
+@pytest.mark.stress
 @pytest.mark.parametrize("callers", [50, 400])  # 400: 8 processes x 50 callers
 def test_half_open_callers_in_8_processes(
     store: RedisStore, redis_url: str, key_prefix: str, clock: FakeClock, callers: int
