@@ -23,6 +23,7 @@ from ..server._admission import Admission
 from ..server._refusal import Refusal
 from ._config import Upstream as UpstreamSettings
 from ._h1client import H1Pool
+from ._retries import policy_of
 from ._tls import client_context
 
 if TYPE_CHECKING:
@@ -118,6 +119,10 @@ class UpstreamPool:
             # store round trip on every request (only the small reserve scales with
             # the number of processes).
             self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
+        # The attempts' retry policy (_retries.py), and the one for a request whose
+        # body streams (it cannot be replayed: one attempt).
+        self.policy = policy_of(self.attempts, self.budget, self.breaker)
+        self.single = policy_of(1, self.budget, self.breaker)
         # The proxy leg's keep-alive connections (_h1client.py); aiohttp's session is
         # made only for the WebSocket leg.
         limit = settings.bulkhead.limit if settings.bulkhead else 100
