@@ -35,7 +35,7 @@ from ..server._refusal import Refusal, rate_limited, send_refusal, unavailable
 from ..server._types import Message, Receive, Scope, Send
 from ..server._view import ScopeView
 from ._clients import client_id
-from ._h1client import H1Response, UpstreamError
+from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._retries import drive, error_outcome, gave_up, marked, numbered, response_outcome
 from ._runtime import CLIENT_KEY, SHADOW_KEY, CompiledRoute, Runtime, client_of
 from ._upstream import Held, Target, UpstreamPool
@@ -472,7 +472,8 @@ async def _attempts(
                 raise _BodyFailed(body.error) from exc  # the client's fault, not the upstream's
             rt.metrics.upstream_failed(pool.name, exc)
             pool.report(target, True)
-            return error_outcome(exc, method, keyed)
+            never_sent = isinstance(exc, UpstreamConnectError)
+            return error_outcome(exc, never_sent, method, keyed)
         rt.metrics.observe_latency(pool.name, time.perf_counter() - sent, response.status)
         pool.report(target, response.status >= 500)
         return response_outcome(policy, response, method, keyed)

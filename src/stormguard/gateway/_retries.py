@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._errors import CircuitOpen
 from ..client._attempt import RETRY_ATTEMPT
@@ -49,7 +49,9 @@ from ..core._engine import (
 )
 from ..core._outcome import Failure, counts_against_server
 from ..core._policy import GiveUpReason, RetryPolicy
-from ._h1client import H1Response, UpstreamConnectError
+
+if TYPE_CHECKING:
+    from ._h1client import H1Response
 
 __all__ = [
     "GATEWAY_RETRY_STATUSES",
@@ -100,9 +102,10 @@ def response_outcome(
     return Outcome(failure, counts_against_server(status, None), response)
 
 
-def error_outcome(exc: BaseException, method: str, keyed: bool) -> Outcome:
-    """A failed exchange: never sent (no connection) or maybe processed."""
-    kind = Failure.NOT_SENT if isinstance(exc, UpstreamConnectError) else Failure.MAYBE_PROCESSED
+def error_outcome(exc: BaseException, never_sent: bool, method: str, keyed: bool) -> Outcome:
+    """A failed exchange: ``never_sent`` (no connection: UpstreamConnectError), or
+    maybe processed."""
+    kind = Failure.NOT_SENT if never_sent else Failure.MAYBE_PROCESSED
     failure = error_failure(kind, exc, method=method, has_key=keyed)
     return Outcome(failure, counts_against_server(None, kind), error=exc)
 
