@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from stormguard import RetryPolicy
+from stormguard import CircuitOpen, RetryPolicy
 from stormguard.core._engine import Outcome
 from stormguard.core._policy import RetryFailure
-from stormguard.gateway._retries import drive, numbered, policy_of, stale_resend
+from stormguard.gateway._retries import drive, gave_up, numbered, policy_of, stale_resend
 from stormguard.httpx import RetryTransport
 from stormguard.testing import FakeClock
 
@@ -277,3 +277,28 @@ def test_a_send_that_raises_gives_the_permit_back() -> None:
     with pytest.raises(ValueError):
         asyncio.run(drive(policy, _Permit(log), send, lambda _: None))
     assert log == ["release"]
+
+
+class _Refusing(_Breaker):
+    async def aacquire(self) -> _Permit:
+        self.log.append("admit")
+        raise CircuitOpen("a", 3.0)
+
+
+def test_a_refused_retry_ends_with_the_last_answer() -> None:
+    """The breaker refuses the retry (half-open, its probe taken): the call ends with
+    the last attempt's outcome, which the front end was told to discard -- so the
+    gateway releases a discarded answer only when the next attempt goes out."""
+    log: list[str] = []
+    policy = policy_of(3, None, _Refusing(log))
+    first = Outcome(RetryFailure(True, "status 503"), True, value="answer")
+    discarded: list[Outcome] = []
+
+    async def send(number: int) -> Outcome:
+        return first
+
+    finish = asyncio.run(drive(policy, _Permit(log), send, discarded.append))
+    assert log == ["record True", "peek", "admit"]
+    assert discarded == [first] and finish.outcome is first
+    assert finish.attempts == 1 and str(finish.give_up.reason) == "circuit open"  # type: ignore[union-attr]
+    assert gave_up(finish)  # stopped by the breaker: the client is told not to retry

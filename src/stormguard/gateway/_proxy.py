@@ -458,8 +458,17 @@ async def _attempts(
     client = pool.client
     policy = pool.policy if replayable else pool.single
     picked: list[Target] = []  # the last attempt's target (the next avoids it)
+    # A failed attempt's answer the conversation discarded: released when the next
+    # attempt goes out, since a breaker that refuses that attempt ends the call
+    # with this answer as the last outcome (then it is relayed).
+    dropped: list[H1Response] = []
+
+    def discard(outcome: Outcome) -> None:
+        dropped.append(outcome.value)
 
     async def attempt(number: int) -> Outcome:
+        while dropped:
+            dropped.pop().release()
         target = pool.pick(avoid=picked[0] if picked else None)
         picked[:] = (target,)
         sent = time.perf_counter()
@@ -479,12 +488,20 @@ async def _attempts(
         return response_outcome(policy, response, method, keyed)
 
     try:
-        finish = await drive(policy, admission.permit, attempt, _discard)
-    except _BodyFailed as failed:
-        await _body_failed(failed.cause, send, ex)
+        finish = await drive(policy, admission.permit, attempt, discard)
+    except BaseException as exc:
+        while dropped:
+            dropped.pop().release()
+        if not isinstance(exc, _BodyFailed):
+            raise
+        await _body_failed(exc.cause, send, ex)
         return
     outcome = finish.outcome
     assert outcome is not None  # the first attempt's permit is in hand: always sent
+    while dropped:  # (the last outcome's answer, when a breaker refused the retry, is relayed)
+        response = dropped.pop()
+        if response is not outcome.value:
+            response.release()
     stop = gave_up(finish)
     if outcome.error is None:
         await _relay(outcome.value, send, ex, method, stop)
@@ -520,13 +537,6 @@ class _BodyFailed(Exception):
     def __init__(self, cause: Exception) -> None:
         super().__init__(cause)
         self.cause = cause
-
-
-def _discard(outcome: Outcome) -> None:
-    # A failed attempt's answer, dropped before the next attempt.
-    response = outcome.value
-    if isinstance(response, H1Response):
-        response.release()
 
 
 async def _relay(
