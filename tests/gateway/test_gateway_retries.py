@@ -302,3 +302,19 @@ def test_a_refused_retry_ends_with_the_last_answer() -> None:
     assert discarded == [first] and finish.outcome is first
     assert finish.attempts == 1 and str(finish.give_up.reason) == "circuit open"  # type: ignore[union-attr]
     assert gave_up(finish)  # stopped by the breaker: the client is told not to retry
+
+
+def test_an_answer_asking_for_a_wait_is_not_retried_by_the_gateway() -> None:
+    """The gateway never waits between attempts: a 503 with Retry-After: 5 is the
+    answer (the client can wait), and the client is not told not to retry."""
+    policy = policy_of(3, None, None)
+    sends: list[int] = []
+
+    async def send(number: int) -> Outcome:
+        sends.append(number)
+        return Outcome(RetryFailure(True, "status 503", hint=5.0), True)
+
+    finish = asyncio.run(drive(policy, None, send, lambda _: None))
+    assert sends == [1]
+    assert str(finish.give_up.reason) == "hint too long"  # type: ignore[union-attr]
+    assert not gave_up(finish)
