@@ -30,6 +30,7 @@ from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
 from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
+from ._retries import stale_resend
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
 from ._upstream import Held, Holder, Target, UpstreamPool
 from ._wire import request_headers, response_head
@@ -457,10 +458,12 @@ class FastExchange(_Exchange):
         response = self.response
         conn = response._conn if response is not None else None
         stale = conn is not None and not conn.received and not isinstance(exc, TimeoutError)
-        if stale and self.resend is None:
+        if stale and self.resend is None and stale_resend(self.method, self.keyed()):
             # The idle connection was closed by the upstream as we wrote (its
-            # keep-alive ran out): nothing was processed, and every method here is
-            # idempotent -- send it once more, on a new connection (as H1Pool.request).
+            # keep-alive ran out): nothing came back. The decision table's row for
+            # a request that may have been processed decides (_retries.stale_resend;
+            # every method here is idempotent): send it once more, on a new
+            # connection (as H1Pool.request).
             self.response = None
             self.resend = self.proto.loop.create_task(self._resend())
             return
@@ -482,6 +485,10 @@ class FastExchange(_Exchange):
         self.proto.outbox.flush()
         self.proto.transport.close()
         self.finish()
+
+    def keyed(self) -> bool:
+        """Whether the request carries an Idempotency-Key."""
+        return any(pair[0] == b"idempotency-key" for pair in self.scope["headers"])
 
     async def _resend(self) -> None:
         client = self.pool.client

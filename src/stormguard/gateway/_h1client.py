@@ -38,6 +38,7 @@ import httptools
 
 from ._config import Timeout
 from ._outbox import Outbox
+from ._retries import stale_resend
 from ._urls import split_userinfo
 
 log = logging.getLogger("stormguard.gateway")
@@ -54,6 +55,13 @@ __all__ = [
 
 _NO_CHUNKS: deque[bytes] = deque(maxlen=0)  # shared, always empty (see H1Response)
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
+
+
+def _keyed(headers: list[tuple[bytes, bytes]]) -> bool:
+    # Whether a request carries an Idempotency-Key (the table's "keyed").
+    return any(pair[0] == b"idempotency-key" for pair in headers)
+
+
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 _METHOD_BYTES = {m: m.encode("ascii") for m in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE")}
 
@@ -799,7 +807,7 @@ class H1Pool:
                     and not isinstance(exc, TimeoutError)
                     and not conn.received
                     and (body is None or isinstance(body, bytes))
-                    and method in _IDEMPOTENT
+                    and stale_resend(method, _keyed(headers))
                 )
                 conn.close()
                 if not resend:

@@ -4,11 +4,15 @@
 #   (429, or shaping: hold at most `delay` s) -> idempotency -> breaker (503) ->
 #   bulkhead (503) -> upstream attempt(s) -> stream the answer back.
 #
-# Retries: only failures the client decision table (core/_outcome.py) calls safe
-# for this method and key -- a connection never established always; a 502/503/504
-# or a lost connection only for idempotent or keyed requests -- and only with a
-# replayable body (small bodies are read whole; a streamed body is never replayed),
-# each retry asking the upstream's RetryBudget and breaker first.
+# Retries: the upstream attempts are run by the retry conversation the clients
+# use (core/_engine.Conversation, driven by _retries.py): only failures the client
+# decision table (core/_outcome.py) calls safe for this method and key -- a
+# connection never established always; a 502/503/504 or a lost connection only for
+# idempotent or keyed requests -- and only with a replayable body (small bodies are
+# read whole; a streamed body is never replayed), each retry asking the upstream's
+# RetryBudget and then its breaker, as a client's retry does. A retry carries
+# `Retry-Attempt: N`; an answer after the gateway gave up retrying carries
+# `x-should-retry: false`.
 #
 # The client's disconnect cancels the upstream exchange: once the request body is
 # read, a watcher waits for `http.disconnect` and cancels the handler, which frees
@@ -25,13 +29,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .._errors import CircuitOpen
-from ..core._outcome import Failure, Verdict, classify_error, classify_status
+from ..core._engine import Outcome
 from ..server._idempotency import IdempotencyMiddleware
 from ..server._refusal import Refusal, rate_limited, send_refusal, unavailable
 from ..server._types import Message, Receive, Scope, Send
 from ..server._view import ScopeView
 from ._clients import client_id
 from ._h1client import H1Response, UpstreamConnectError, UpstreamError
+from ._retries import drive, error_outcome, gave_up, marked, numbered, response_outcome
 from ._runtime import CLIENT_KEY, SHADOW_KEY, CompiledRoute, Runtime, client_of
 from ._upstream import Held, Target, UpstreamPool
 from ._wire import DISCONNECT, request_headers, response_headers
@@ -431,12 +436,6 @@ async def _body_failed(exc: Exception, send: Send, ex: _Exchange) -> None:
         ex.outcome, ex.status = "client_gone", 499
 
 
-def _failure_of(exc: BaseException) -> Failure:
-    if isinstance(exc, UpstreamConnectError):
-        return Failure.NOT_SENT
-    return Failure.MAYBE_PROCESSED
-
-
 async def _attempts(
     rt: Runtime,
     pool: UpstreamPool,
@@ -446,96 +445,110 @@ async def _attempts(
     ex: _Exchange,
     body: bytes | _Stream | None,
 ) -> None:
+    # The upstream attempts, run by the retry conversation (_retries.py): this
+    # function makes one attempt and answers with how the conversation ended.
     method: str = scope["method"]
     view = ScopeView(scope)
     headers = request_headers(scope, rt.identity.trusted_peer(view))
     keyed = _header(scope, b"idempotency-key") is not None
-    replayable = not hasattr(body, "__aiter__")
+    replayable = not isinstance(body, _Stream)  # a streamed body is never replayed
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
     target_path = path + b"?" + query if query else path
     client = pool.client
-    budget = pool.budget
-    if budget is not None:  # per process, never in a store (see _upstream.py)
-        budget.record_request()
-    permit = admission.permit
-    target: Target | None = None
-    for attempt in range(1, pool.attempts + 1):
-        if attempt > 1:
-            # A retry asks the budget, then the breaker, like a first attempt would.
-            if budget is None or not budget.try_retry():
-                break
-            if pool.breaker is not None:
-                try:
-                    permit = await pool.breaker.aacquire()
-                except CircuitOpen:
-                    break
-        target = pool.pick(avoid=target)
+    policy = pool.policy if replayable else pool.single
+    picked: list[Target] = []  # the last attempt's target (the next avoids it)
+    # A failed attempt's answer the conversation discarded: released when the next
+    # attempt goes out, since a breaker that refuses that attempt ends the call
+    # with this answer as the last outcome (then it is relayed).
+    dropped: list[H1Response] = []
+
+    def discard(outcome: Outcome) -> None:
+        dropped.append(outcome.value)
+
+    async def attempt(number: int) -> Outcome:
+        while dropped:
+            dropped.pop().release()
+        target = pool.pick(avoid=picked[0] if picked else None)
+        picked[:] = (target,)
         sent = time.perf_counter()
         try:
-            response = await client.request(target.base, method, target_path, headers, body)
+            response = await client.request(
+                target.base, method, target_path, numbered(headers, number), body
+            )
         except (UpstreamError, TimeoutError) as exc:
             if isinstance(body, _Stream) and body.error is not None:
-                if permit is not None:
-                    await permit.arelease()  # the client's fault, not the upstream's
-                await _body_failed(body.error, send, ex)
-                return
-            failure = _failure_of(exc)
+                raise _BodyFailed(body.error) from exc  # the client's fault, not the upstream's
             rt.metrics.upstream_failed(pool.name, exc)
             pool.report(target, True)
-            if permit is not None:
-                await permit.arecord(failure=True)
-                permit = None
-            timed_out = isinstance(exc, TimeoutError)
-            verdict = classify_error(failure, method, has_idempotency_key=keyed)
-            if verdict is Verdict.RETRY and replayable and attempt < pool.attempts:
-                continue
-            if timed_out:
-                await _refuse(
-                    send,
-                    ex,
-                    Refusal.of(504, f"upstream {pool.name!r} timed out", reason="upstream_timeout"),
-                )
-            else:
-                ex.status, ex.outcome = 502, "upstream_error"
-                await send_refusal(
-                    send,
-                    Refusal.of(502, f"upstream {pool.name!r} unreachable", reason="upstream_error"),
-                )
-            return
-        except asyncio.CancelledError:
-            if permit is not None:
-                await permit.arelease()
-            raise
+            never_sent = isinstance(exc, UpstreamConnectError)
+            return error_outcome(exc, never_sent, method, keyed)
         rt.metrics.observe_latency(pool.name, time.perf_counter() - sent, response.status)
-        status = response.status
-        failed = status >= 500
-        pool.report(target, failed)
-        if permit is not None:
-            await permit.arecord(failure=failed)
-            permit = None
-        if (
-            failed
-            and replayable
-            and attempt < pool.attempts
-            and classify_status(status, method, has_idempotency_key=keyed) is Verdict.RETRY
-        ):
-            response.release()
-            continue
-        await _relay(response, send, ex, method)
+        pool.report(target, response.status >= 500)
+        return response_outcome(policy, response, method, keyed)
+
+    try:
+        finish = await drive(policy, admission.permit, attempt, discard)
+    except BaseException as exc:
+        while dropped:
+            dropped.pop().release()
+        if not isinstance(exc, _BodyFailed):
+            raise
+        await _body_failed(exc.cause, send, ex)
         return
-    # Out of retries (budget or breaker said no) after a failed attempt.
-    ex.status, ex.outcome = 502, "upstream_error"
-    await send_refusal(
-        send, Refusal.of(502, f"upstream {pool.name!r} failed", reason="upstream_error")
-    )
+    outcome = finish.outcome
+    assert outcome is not None  # the first attempt's permit is in hand: always sent
+    while dropped:  # (the last outcome's answer, when a breaker refused the retry, is relayed)
+        response = dropped.pop()
+        if response is not outcome.value:
+            response.release()
+    stop = gave_up(finish)
+    if outcome.error is None:
+        await _relay(outcome.value, send, ex, method, stop)
+        return
+    headers_out = [("x-should-retry", "false")] if stop else []
+    if isinstance(outcome.error, TimeoutError):
+        await _refuse(
+            send,
+            ex,
+            Refusal.of(
+                504,
+                f"upstream {pool.name!r} timed out",
+                reason="upstream_timeout",
+                headers=headers_out,
+            ),
+        )
+    else:
+        ex.status, ex.outcome = 502, "upstream_error"
+        await send_refusal(
+            send,
+            Refusal.of(
+                502,
+                f"upstream {pool.name!r} unreachable",
+                reason="upstream_error",
+                headers=headers_out,
+            ),
+        )
 
 
-async def _relay(response: H1Response, send: Send, ex: _Exchange, method: str) -> None:
+class _BodyFailed(Exception):
+    """The client's streamed body failed during an attempt (why: ``cause``)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+async def _relay(
+    response: H1Response, send: Send, ex: _Exchange, method: str, gave_up: bool = False
+) -> None:
     # Small answers go out in one message; others stream as they arrive. A failure
     # after the status line went out can only cut the connection (the server does).
+    # `gave_up`: the gateway gave up retrying; the answer says x-should-retry: false.
     ex.status = status = response.status
     headers = response_headers(response.raw_headers)
+    if gave_up:
+        headers = marked(headers)
     if status in _NO_BODY_STATUS:
         # Bodiless whatever its Content-Length says (the upstream client read none):
         # the listener would hold the empty body against that length.

@@ -23,6 +23,7 @@ from ..server._admission import Admission
 from ..server._refusal import Refusal
 from ._config import Upstream as UpstreamSettings
 from ._h1client import H1Pool
+from ._retries import policy_of
 from ._tls import client_context
 
 if TYPE_CHECKING:
@@ -118,6 +119,10 @@ class UpstreamPool:
             # store round trip on every request (only the small reserve scales with
             # the number of processes).
             self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
+        # The attempts' retry policy (_retries.py), and the one for a request whose
+        # body streams (it cannot be replayed: one attempt).
+        self.policy = policy_of(self.attempts, self.budget, self.breaker)
+        self.single = policy_of(1, self.budget, self.breaker)
         # The proxy leg's keep-alive connections (_h1client.py); aiohttp's session is
         # made only for the WebSocket leg.
         limit = settings.bulkhead.limit if settings.bulkhead else 100
@@ -131,33 +136,31 @@ class UpstreamPool:
 
     # -- admission -----------------------------------------------------------------
 
-    # The lock-free gate (enter / settle / done), as protection/_quick.py's for the
-    # client side: when the breaker is in this process without slow_call and the
-    # bulkhead has no per-client share, admitting a request that nothing has to
-    # decide -- the breaker closed, a slot free, nobody waiting -- is taking the
-    # breaker's closed admission (one attribute) and popping a token off the
-    # bulkhead's free list; its success takes a breaker credit without the lock
-    # (CircuitBreaker.settle) and its slot goes back (Bulkhead.release). Anything
-    # else is admit_now's, which has taken nothing.
+    # The lock-free gate (enter / settle / done), on the public pairs protection/
+    # gives for it (CircuitBreaker.try_enter/settle, Bulkhead.try_enter/settle, as
+    # protection/_quick.py uses them on the client side): when the breaker is in
+    # this process without slow_call and the bulkhead has no per-client share,
+    # admitting a request that nothing has to decide -- the breaker closed, a slot
+    # free, nobody waiting -- is the breaker's closed admission and a slot taken;
+    # its end settles both. Anything else is admit_now's, which has taken nothing.
 
     def _quick_gate(self) -> tuple[Any, Any, Any, Any] | None:
-        # (breaker core, its lock-free success credits, bulkhead, its free list)
+        # (breaker.try_enter, breaker.settle, bulkhead.try_enter, bulkhead.settle),
+        # bound once; None for a part the pool does not have.
         breaker, admission = self.breaker, self.bulkhead
         if self._shared:
             return None
-        core = pending = bulkhead = free = None
+        admit = record = take = give = None
         if breaker is not None:
-            if type(breaker) is not CircuitBreaker or breaker._store is not None:
-                return None
-            if breaker._slow is not None:
+            if type(breaker) is not CircuitBreaker or breaker.config.slow_call is not None:
                 return None  # a slow_call breaker judges each duration: its own methods do
-            core, pending = breaker._core, breaker._pending
+            admit, record = breaker.try_enter, breaker.settle
         if admission is not None:
             bulkhead = admission.bulkhead
             if admission.per_client is not None or type(bulkhead) is not Bulkhead:
                 return None
-            free = bulkhead._free
-        return core, pending, bulkhead, free
+            take, give = bulkhead.try_enter, bulkhead.settle
+        return admit, record, take, give
 
     def enter(self) -> Any:
         """Admit at once through the lock-free gate: the ticket to report with
@@ -166,19 +169,14 @@ class UpstreamPool:
         gate = self._gate
         if gate is None:
             return None
-        core, _, bulkhead, free = gate
+        admit, _, take, _ = gate
         ticket = True
-        if core is not None:
-            ticket = core.closed_admission
+        if admit is not None:
+            ticket = admit()
             if ticket is None:
                 return None
-        if free is not None:  # Bulkhead.try_acquire(), inline
-            if bulkhead._waiters:
-                return None
-            try:
-                free.pop()
-            except IndexError:
-                return None
+        if take is not None and not take():
+            return None
         self.in_flight += 1
         return ticket
 
@@ -191,18 +189,9 @@ class UpstreamPool:
         held.ticket = None
         if failure is None or ticket is True:
             return
-        core, pending, _, _ = self._gate  # type: ignore[misc]
-        breaker: Any = self.breaker
-        now = breaker._monotonic()
-        # CircuitBreaker.settle(), its lock-free case inline (no slow_call here): a
-        # success that cannot change the state takes a credit (protection/_tally.py).
-        if not failure and now < core.quiet_until and ticket is core.closed_admission:
-            try:
-                pending.pop()
-                return
-            except IndexError:  # the batch is spent: the breaker counts it now
-                pass
-        breaker.settle(ticket, 0.0, now, failure)
+        # The breaker was made on the system clock (no clock given above): its
+        # settle() reads `now` on time.monotonic; no slow_call, so `started` is unused.
+        self._gate[1](ticket, 0.0, time.monotonic(), failure)  # type: ignore[index]
 
     def admit_now(self, client: str) -> Held | Refusal | None:
         """:meth:`admit` when nothing has to be awaited: a breaker in this process and
@@ -247,14 +236,9 @@ class UpstreamPool:
             self.in_flight -= 1
             gate = self._gate
             if gate is not None:  # no client share: the slot goes straight back
-                bulkhead, free = gate[2], gate[3]
-                if bulkhead is not None:  # Bulkhead.release(), inline
-                    free.append(None)
-                    if len(free) > bulkhead.limit:
-                        free.pop()
-                        raise RuntimeError("Bulkhead.release() without a matching acquire")
-                    if bulkhead._waiters:
-                        bulkhead._hand_out_locked()
+                give = gate[3]
+                if give is not None:
+                    give()  # Bulkhead.settle()
             elif self.bulkhead is not None:
                 self.bulkhead.leave(held.client)
 
