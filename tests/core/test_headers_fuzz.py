@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import random
 import time
 from collections.abc import Callable, Iterator
 
+import pytest
 from bench.fuzz_headers import NAMES  # every header family the parsers read
 
 from stormguard.core._headers import parse_rate_limits, parse_retry_after, wait_hint
