@@ -8,9 +8,10 @@
 #   2. UpstreamPool.admit: the breaker (CircuitOpen carries the open time left),
 #      then the server side's Admission: the client's share and the upstream's
 #      bulkhead (a Refusal carrying its Retry-After);
-#   3. the forwarded call (_grpc_proxy.forward), retried only when it never reached
-#      the upstream, the request is one message the pump holds, nothing went back
-#      to the client, the attempts allow it and the upstream's budget pays for it.
+#   3. the forwarded call (_grpc_proxy.forward), its retries run by the one retry
+#      conversation (_retries.drive, as the HTTP leg's): tried again only when it
+#      never reached the upstream, the request is whole in the pump, nothing went
+#      back to the client, the attempts allow it and the upstream's budget pays.
 # A refusal is UNAVAILABLE (or RESOURCE_EXHAUSTED for a limit where the route says
 # so) with `grpc-retry-pushback-ms` in the trailers (gRFC A6): the wait in whole
 # milliseconds, so grpcio clients with a retryPolicy wait exactly that long.
@@ -34,6 +35,7 @@ import grpc
 import grpc.aio
 
 from .._errors import CircuitOpen
+from ..core._engine import Outcome
 from ..server._grpc import PUSHBACK, _CallView, _pushback_ms
 from ..server._refusal import Refusal
 from ._clients import ClientIdentity, client_id
@@ -50,6 +52,7 @@ from ._grpc_proxy import (
     refuse,
 )
 from ._grpc_routes import CLIENT_KEY, GrpcRoute, RouteTable, target_of
+from ._retries import drive, error_outcome
 from ._upstream import UpstreamPool
 
 __all__ = ["PUSHBACK", "GrpcGateway", "Record", "pushback"]
@@ -94,6 +97,19 @@ def pushback(seconds: float) -> MetadataPairs:
 
 def _has_pushback(trailers: MetadataPairs) -> bool:
     return any(key == PUSHBACK for key, _ in trailers)
+
+
+def _wait_bound(pool: UpstreamPool, context: grpc.aio.ServicerContext[bytes, bytes]) -> float:
+    """How long a retry may wait for the request or the upstream: the connect
+    timeout, or less when the client's deadline is nearer."""
+    remaining = context.time_remaining()
+    wait = pool.settings.timeout.connect
+    return wait if remaining is None else min(remaining, wait)
+
+
+def _nothing(outcome: Outcome) -> None:
+    """A failed gRPC attempt holds nothing to drop before the next (its answer never
+    started)."""
 
 
 def _channel_options(connect_timeout: float, balanced: bool) -> list[tuple[str, Any]]:
@@ -310,45 +326,57 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
 
         if pool.attempts <= 1:
             return await send(client_messages(context))
-        if pool.budget is not None:
-            await pool.budget.arecord_request()
+        # Retries run the one retry conversation (_retries.drive), as the HTTP leg's
+        # do: a call is tried again only when it never reached the upstream (the
+        # table's "never sent" row, retried for any method), nothing went back to
+        # the client, the request is whole in the pump, and the budget pays.
         pump = Pump(context)
+        last: list[Forwarded] = []
+
+        async def attempt(n: int) -> Outcome:
+            if n > 1 and not await self._reachable(pool, channel, context):
+                return Outcome(None, False, last[-1])  # cannot go again: the answer
+            result = await send(pump.messages() if n == 1 else pump.replay())
+            last.append(result)
+            error = result.error
+            if error is None or result.replied or not never_reached(error, result.headers_seen):
+                return Outcome(None, False, result)  # the upstream's answer, final
+            if not await self._whole(pool, pump, context):
+                return Outcome(None, False, result)
+            return error_outcome(error, True, "POST", False)
+
         try:
-            result = await send(pump.messages())
-            attempt = 1
-            while (
-                attempt < pool.attempts
-                and result.error is not None
-                and not result.replied
-                and never_reached(result.error, result.headers_seen)
-                and await self._ready_to_replay(pool, channel, pump, context)
-            ):
-                attempt += 1
-                result = await send(pump.replay())
-            return result
+            finish = await drive(pool.grpc_policy, None, attempt, _nothing)
         finally:
             pump.close()
+        outcome = finish.outcome
+        if outcome is not None and isinstance(outcome.value, Forwarded):
+            return outcome.value
+        return last[-1]
 
-    async def _ready_to_replay(
-        self,
-        pool: UpstreamPool,
-        channel: grpc.aio.Channel,
-        pump: Pump,
-        context: grpc.aio.ServicerContext[bytes, bytes],
+    async def _whole(
+        self, pool: UpstreamPool, pump: Pump, context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> bool:
-        # Wait (bounded by the connect timeout and the client's deadline) for the whole
-        # request; pay from the budget; wait for the upstream to be reachable.
-        remaining = context.time_remaining()
-        wait = pool.settings.timeout.connect
-        if remaining is not None:
-            wait = min(remaining, wait)
+        # Whether the request can be sent again: the pump holds all of it (waited
+        # for, bounded by the connect timeout and the client's deadline).
+        wait = _wait_bound(pool, context)
         try:
             async with asyncio.timeout(wait):
                 await pump.settled.wait()
-                if not pump.replayable:
-                    return False
-                if pool.budget is not None and not await pool.budget.atry_retry():
-                    return False
+        except TimeoutError:
+            return False
+        return pump.replayable
+
+    async def _reachable(
+        self,
+        pool: UpstreamPool,
+        channel: grpc.aio.Channel,
+        context: grpc.aio.ServicerContext[bytes, bytes],
+    ) -> bool:
+        # Whether the upstream became reachable (waited for, bounded as _whole is)
+        # before the retry the conversation decided.
+        try:
+            async with asyncio.timeout(_wait_bound(pool, context)):
                 await channel.channel_ready()
         except TimeoutError:
             return False

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core._breaker import Admission as BreakerAdmission
+from ..core._policy import RetryPolicy
 from ..protection import CircuitBreaker, RetryBudget
 from ..protection._bulkhead import Bulkhead
 from ..protection._permit import BreakerEvent, Permit
@@ -123,6 +124,7 @@ class UpstreamPool:
         # body streams (it cannot be replayed: one attempt).
         self.policy = policy_of(self.attempts, self.budget, self.breaker)
         self.single = policy_of(1, self.budget, self.breaker)
+        self._grpc_policy = policy_of(self.attempts, self.budget, None)
         # The proxy leg's keep-alive connections (_h1client.py); aiohttp's session is
         # made only for the WebSocket leg.
         limit = settings.bulkhead.limit if settings.bulkhead else 100
@@ -143,6 +145,16 @@ class UpstreamPool:
     # admitting a request that nothing has to decide -- the breaker closed, a slot
     # free, nobody waiting -- is the breaker's closed admission and a slot taken;
     # its end settles both. Anything else is admit_now's, which has taken nothing.
+
+    @property
+    def grpc_policy(self) -> RetryPolicy:
+        """The gRPC leg's policy: one breaker permit covers a whole call (taken and
+        recorded around it), so its conversation asks no breaker. Made again when
+        the budget was replaced."""
+        policy = self._grpc_policy
+        if policy.budget is not self.budget:
+            policy = self._grpc_policy = policy_of(self.attempts, self.budget, None)
+        return policy
 
     def _quick_gate(self) -> tuple[Any, Any, Any, Any] | None:
         # (breaker.try_enter, breaker.settle, bulkhead.try_enter, bulkhead.settle),
