@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from rawclient import Connection
-from rawupstream import Later, RawUpstream, Request, Step
+from rawupstream import CLOSE, Later, RawUpstream, Request, Step
 
 from net_support import free_port, listening, wait_started
 
@@ -38,11 +38,15 @@ pytestmark = pytest.mark.slow
 HONEST = ("a", "b")
 EVIL = "evil"
 ROUNDS = 1000  # requests per client per proxy (2,000 honest ones per proxy)
-# One of the third client's requests in MISBEHAVE_EVERY makes the upstream misbehave
-# (often enough to count, rarely enough that a poisoned connection shows). The late
-# answer follows after one of LATE_DELAYS: spread over the time a pooled connection
-# sits idle and the time it is reused.
-MISBEHAVE_EVERY = 10
+# Every request of the third client makes the upstream answer twice in one write; one
+# in LATE_EVERY makes it send a late answer, after one of LATE_DELAYS (spread over the
+# time a pooled connection sits idle and the time it is reused). A late answer taken
+# for the next request's leaves that connection one answer behind until a proxy
+# notices; the upstream closes each connection after CONNECTION_REQUESTS answers (as
+# servers cap keep-alive requests), so that how long a poisoned connection lasts is
+# bounded and the counts are sums of many short runs, not of a few endless ones.
+LATE_EVERY = 10
+CONNECTION_REQUESTS = 20
 LATE_DELAYS = (0.0, 0.0005, 0.001, 0.002, 0.004)
 
 
@@ -63,18 +67,26 @@ def _answer(tag: str) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
 
+_answered: dict[int, int] = {}  # answers per upstream connection (one thread each)
+
+
 def _script(request: Request) -> Iterable[Step]:
     """Echo the tag; the third client's requests misbehave as their path says."""
     path, _, query = request.target.partition("?")
     tag = query.removeprefix("tag=")
     answer = _answer(tag)
+    _answered[request.connection] = count = _answered.get(request.connection, 0) + 1
+    if count % CONNECTION_REQUESTS == 0:
+        return (answer, CLOSE)
     client = tag.split("-", 1)[-1]
-    if not client.startswith(EVIL) or int(client.removeprefix(EVIL)) % MISBEHAVE_EVERY:
+    if not client.startswith(EVIL):
         return (answer,)
     extra = _answer(f"{tag}-extra")  # names the third client's request
     if path.endswith("/same_read"):
         return (answer + extra,)  # two answers in one write
-    number = int(client.removeprefix(EVIL)) // MISBEHAVE_EVERY
+    number, rest = divmod(int(client.removeprefix(EVIL)), LATE_EVERY)
+    if rest:
+        return (answer,)
     return (answer, Later(LATE_DELAYS[number % len(LATE_DELAYS)], extra))
 
 
