@@ -1,8 +1,8 @@
 """The gateway beside nginx, both plain reverse proxies with keep-alive to the SAME
 misbehaving raw upstream: two honest clients and a misbehaving third, counted per proxy.
 
-Every request names itself (``?tag=a17``) and the upstream echoes the tag into the body
-(``for-a17``), so each answer a client reads says which request it answers. The third
+Every request names itself (``?tag=nginx-a17``) and the upstream echoes the tag into the
+body (``for-nginx-a17``), so each answer a client reads says which request it answers. The third
 client's requests make the upstream misbehave after its answer: a second answer in the
 same write (``same_read``), or a second answer written a moment later on the
 connection, once it went back to the pool (``late``). A late answer that lands after
