@@ -262,9 +262,10 @@ def test_same_read_second_answer_never_reaches_another_client(
     print(f"same_read: {counts}")
     nginx = counts.pop("nginx")
     for path, gateway in counts.items():
-        assert gateway.foreign == 0, path
-        assert gateway.wrong <= 1.5 * nginx.wrong, path
-        assert gateway.correct >= 0.9 * nginx.correct, path
+        why = f"{path}: {gateway} against nginx's {nginx}"
+        assert gateway.foreign == 0, why
+        assert gateway.wrong <= 1.5 * nginx.wrong, why
+        assert gateway.correct >= 0.9 * nginx.correct, why
 
 
 def test_late_answer_relative_to_nginx(proxies: dict[str, Proxy]) -> None:
@@ -275,6 +276,7 @@ def test_late_answer_relative_to_nginx(proxies: dict[str, Proxy]) -> None:
     print(f"late: {counts}")
     nginx = counts.pop("nginx")
     for path, gateway in counts.items():
-        assert gateway.wrong <= 1.5 * nginx.wrong, path
-        assert gateway.foreign <= max(3 * nginx.foreign, 10), path
-        assert gateway.correct >= 0.9 * nginx.correct, path
+        why = f"{path}: {gateway} against nginx's {nginx}"
+        assert gateway.wrong <= 1.5 * nginx.wrong, why
+        assert gateway.foreign <= max(3 * nginx.foreign, 10), why
+        assert gateway.correct >= 0.9 * nginx.correct, why
