@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -116,20 +115,21 @@ def account(
     if ex.outcome not in ("allowed", "not_found", "upstream_error") and ex.client:
         rt.metrics.refused_clients.labels(ex.client, ex.outcome).inc()
     if rt.config.access_log and access_log.isEnabledFor(logging.INFO):
-        line = {
-            "method": scope["method"],
-            "path": scope["path"],
-            "route": name,
-            "status": ex.status,
-            "policy": ex.outcome,
-            "client": ex.client,
-            "client_rule": ex.rule,
-            "upstream": ex.upstream,
-            "ms": round((time.perf_counter() - started) * 1000, 3),
-        }
-        if SHADOW_KEY in scope:  # fleet (issue 25): what shadow limits would have refused
-            line["shadow"] = list(scope[SHADOW_KEY])
-        access_log.info(json.dumps(line, separators=(",", ":")))
+        # a tuple now; rendered and written once per event-loop pass (_accesslog)
+        rt.access.add(
+            (
+                scope["method"],
+                scope["path"],
+                name,
+                ex.status,
+                ex.outcome,
+                ex.client,
+                ex.rule,
+                ex.upstream,
+                round((time.perf_counter() - started) * 1000, 3),
+                scope.get(SHADOW_KEY),  # fleet (issue 25): what shadow limits would refuse
+            )
+        )
 
 
 async def _refuse(send: Send, ex: _Exchange, refusal: Refusal) -> None:
