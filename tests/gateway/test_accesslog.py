@@ -91,21 +91,49 @@ def _lines(n: int) -> list[Line]:
     return [("GET", f"/{i}", "/", 200, "allowed", "", "ip", "a", float(i), None) for i in range(n)]
 
 
-def test_lines_of_one_pass_are_one_write_in_order() -> None:
-    """Lines added in one event-loop pass reach the stream in one write, in order."""
+def test_lines_of_several_passes_are_one_write_in_order() -> None:
+    """Lines added over several event-loop passes reach the stream in one write, in
+    order, and nothing is written on the request path."""
     logger, stream = _default_logger()
-    access = AccessLog(logger)
+    access = AccessLog(logger, interval=60)
 
     async def main() -> None:
-        for line in _lines(50):
-            access.add(line)
-        assert stream.writes == 0  # nothing written on the request path
-        await asyncio.sleep(0)
+        for batch in range(3):
+            for line in _lines(50)[batch * 10 : batch * 10 + 10]:
+                access.add(line)
+            assert not access._rendered or batch  # rendered only at the end of a pass
+            await asyncio.sleep(0)
+        assert len(access._rendered) == 3 and stream.writes == 0
 
     asyncio.run(main())
     access.close()
     assert stream.writes == 1
-    assert stream.getvalue() == "".join(render(line) + "\n" for line in _lines(50))
+    assert stream.getvalue() == "".join(render(line) + "\n" for line in _lines(50)[:30])
+
+
+@pytest.mark.parametrize("knob", ["interval", "write_at"])
+def test_a_batch_goes_to_the_writer_after_interval_or_at_write_at(knob: str) -> None:
+    """A batch is written without close(): once ``interval`` has passed (here 0), or
+    as soon as it holds ``write_at`` characters."""
+    logger, stream = _default_logger()
+    settings = {"interval": 0.0} if knob == "interval" else {"interval": 60, "write_at": 10}
+    access = AccessLog(logger, **settings)
+
+    async def main() -> None:
+        for line in _lines(4):
+            access.add(line)
+        await asyncio.sleep(0)  # the pass ends: rendered
+        if knob == "interval":
+            assert access._rendered  # waiting for the timer
+            for _ in range(10):  # call_later(0) runs in one of the next passes
+                await asyncio.sleep(0)
+        assert not access._rendered  # handed to the writer thread
+        assert stream.entered.wait(10)
+
+    asyncio.run(main())
+    access.close()
+    assert stream.writes == 1
+    assert stream.getvalue().splitlines() == [render(line) for line in _lines(4)]
 
 
 def test_close_writes_the_lines_still_pending() -> None:
@@ -122,33 +150,18 @@ def test_close_writes_the_lines_still_pending() -> None:
     assert stream.getvalue().splitlines() == [render(line) for line in _lines(3)]
 
 
-def test_a_full_pass_is_written_at_flush_at_lines() -> None:
-    """A pass that gathers ``flush_at`` lines hands them over at once, without waiting."""
-    logger, stream = _default_logger()
-    access = AccessLog(logger, flush_at=4)
-
-    async def main() -> None:
-        for line in _lines(4):
-            access.add(line)
-        assert not access._pending  # handed to the writer within the pass
-
-    asyncio.run(main())
-    access.close()
-    assert stream.getvalue().splitlines() == [render(line) for line in _lines(4)]
-
-
 def test_lines_over_the_bound_are_dropped_and_counted() -> None:
     """While the writer is stuck at most ``max_backlog`` lines wait; the rest are dropped,
     counted, and the lines kept are written in order once it moves again."""
     logger, stream = _default_logger()
     drops: list[int] = []
-    access = AccessLog(logger, max_backlog=5, on_drop=drops.append)
+    access = AccessLog(logger, write_at=1, max_backlog=5, on_drop=drops.append)
     stream.open.clear()
     lines = _lines(12)
 
     async def main() -> None:
         access.add(lines[0])
-        await asyncio.sleep(0)  # the first batch: the writer takes it and blocks
+        await asyncio.sleep(0)  # the first batch: the writer takes it and is stuck
         assert stream.entered.wait(10)
         for line in lines[1:7]:  # 1 in the writer + 6 more: 2 over the bound
             access.add(line)
