@@ -23,7 +23,7 @@ def client_id(key: str) -> str:
 class ClientIdentity:
     """Names the client of a request: ``(rule, key)`` from the first rule present."""
 
-    __slots__ = ("_address", "_keys", "per_connection")
+    __slots__ = ("_address", "_keys", "header_names", "per_connection")
 
     def __init__(self, rules: Sequence[str], trusted_proxies: Sequence[str]) -> None:
         self._address = ClientAddress.of(trusted_proxies)
@@ -35,6 +35,21 @@ class ClientIdentity:
         self.per_connection = not self._address.trusted_proxies and all(
             rule == "ip" for rule in rules
         )
+        # Otherwise, with no proxy trusted and only `header:NAME` and `ip` rules, the
+        # key on one connection follows from those headers alone (`token`): a
+        # connection whose requests send the same ones names the same client.
+        names = [rule.partition(":")[2].strip().lower() for rule in rules if rule != "ip"]
+        self.header_names: frozenset[bytes] | None = None
+        only_headers = all(rule == "ip" or rule.lower().startswith("header:") for rule in rules)
+        if not self.per_connection and not self._address.trusted_proxies and only_headers:
+            self.header_names = frozenset(name.encode("latin-1") for name in names)
+
+    def token(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
+        """The headers the key of a request on one connection follows from (only with
+        :attr:`header_names`): equal tokens, the same ``(rule, key)``."""
+        names = self.header_names
+        assert names is not None
+        return tuple((name, value) for name, value in headers if name.lower() in names)
 
     def ip(self, view: RequestView) -> str:
         """The client address (forwarded headers believed only from trusted proxies)."""

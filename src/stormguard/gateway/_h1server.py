@@ -159,8 +159,8 @@ class GatewayProtocol(HttpToolsProtocol):
     _armed_at = 0.0
     _begun = False  # a request began since the timer was armed
     # The client of every request on this connection, when the identity rules make it
-    # one (_fastpath.begin): (identity, rule, key, client id).
-    client_known: tuple[Any, str, str, str] | None = None
+    # one (_fastpath.begin): (identity, rule, key, client id, the naming headers).
+    client_known: tuple[Any, str, str, str, Any] | None = None
     # With client_known: a route's rule set and the refusal of its limits for that
     # client (_fastpath.begin; RuleSet.refusal_hitter).
     limits_known: tuple[Any, Callable[[], Any]] | None = None
