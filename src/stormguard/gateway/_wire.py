@@ -130,9 +130,10 @@ def patched_block(
         return None  # request_headers rewrites these itself
     line = b"\r\n" + name + b": " + value + b"\r\n"
     whole = b"\r\n" + block
-    if whole.count(line) != 1:
+    first = whole.find(line)
+    if first < 0 or whole.find(line, first + 1) >= 0:
         return None  # dropped (named by Connection), or not the only such line
-    return whole.replace(line, b"\r\n" + name + b": " + raw[at][1] + b"\r\n")[2:]
+    return b"".join((block[:first], name, b": ", raw[at][1], whole[first + len(line) - 2 :]))
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
