@@ -162,7 +162,8 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             limits = rules.plain_limits(view)
             if limits is None:
                 decision = rules.refusal(view, method, scope["path"])
-            elif steady:  # the connection's client again: decided by its hitter from now on
+            elif steady or identity.per_connection:  # this client, from now on (by headers:
+                # once it came twice, not for a connection whose every request is another)
                 refusal = rules.refusal_hitter(limits)
                 proto.limits_known = (rules, refusal)
                 decision = refusal()
