@@ -34,10 +34,13 @@ from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 from weakref import WeakSet
 
+from ._clients import client_id
+
 __all__ = ["AccessLog", "Line", "mark_default_handlers", "render"]
 
-# (method, path, route, status, policy, client, client_rule, upstream, ms, shadow)
-Line = tuple[str, str, str, int, str, str, str, str, float, "tuple[str, ...] | None"]
+# (method, path, route, status, policy, client KEY, client_rule, upstream, ms, shadow):
+# the key is named (`client_id`, its SHA-256 prefix; "" for None) when rendered.
+Line = tuple[str, str, str, int, str, str | None, str, str, float, "tuple[str, ...] | None"]
 
 # Handlers the gateway's own `run()` installed (logging.basicConfig): writing to their
 # stream directly is what logging would have done for an access line.
@@ -51,8 +54,9 @@ def mark_default_handlers(handlers: Iterable[logging.Handler]) -> None:
 
 def render(line: Line) -> str:
     """The JSON text of one access line (what ``json.dumps(dict, separators=(",",
-    ":"))`` of its fields in order gives)."""
-    method, path, route, status, policy, client, rule, upstream, ms, shadow = line
+    ":"))`` of its fields in order gives, the client key as its :func:`client_id`)."""
+    method, path, route, status, policy, key, rule, upstream, ms, shadow = line
+    client = client_id(key) if key else ""
     text = (
         f'{{"method":{_quote(method)},"path":{_quote(path)},"route":{_quote(route)},'
         f'"status":{status},"policy":{_quote(policy)},"client":{_quote(client)},'

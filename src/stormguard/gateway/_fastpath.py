@@ -107,7 +107,9 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     else:
         view = ScopeView(scope)
         rule, key = identity.identify(view)
-        client = client_id(key)
+        # The key's loggable name (a SHA-256) only where it is needed now; else "" and
+        # named when counted or logged (issue 24: not per request for 100k clients).
+        client = client_id(key) if mode == AWAIT else ""
         # The same client on every request of the connection, when only its address
         # can name it: named once; by headers, until they change.
         cached = identity.per_connection or token is not None
@@ -135,7 +137,7 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     ticket = pool.enter()
     if ticket is None:  # the lock-free gate cannot say: the pool's own methods
         try:
-            admitted = pool.admit_now(client)
+            admitted = pool.admit_now(client or client_id(key))
         except CircuitOpen:
             admitted = None
         if not isinstance(admitted, Held):  # refused or would wait: the ASGI path decides

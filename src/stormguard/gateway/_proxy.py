@@ -112,8 +112,9 @@ def account(
     """Count the request's outcome; write its access log line (when enabled)."""
     name = route.name if route is not None else "-"
     rt.metrics.count(name, ex.outcome)
-    if ex.outcome not in ("allowed", "not_found", "upstream_error") and ex.client:
-        rt.metrics.refused_clients.labels(ex.client, ex.outcome).inc()
+    key = scope.get(CLIENT_KEY)  # the callback path names its client here (ex.client "")
+    if ex.outcome not in ("allowed", "not_found", "upstream_error") and (ex.client or key):
+        rt.metrics.refused_clients.labels(ex.client or client_id(key), ex.outcome).inc()
     if rt.config.access_log and access_log.isEnabledFor(logging.INFO):
         # a tuple now; rendered and written once per event-loop pass (_accesslog)
         rt.access.add(
@@ -123,7 +124,7 @@ def account(
                 name,
                 ex.status,
                 ex.outcome,
-                ex.client,
+                key,  # hashed when the line is rendered (client_id)
                 ex.rule,
                 ex.upstream,
                 round((time.perf_counter() - started) * 1000, 3),
