@@ -13,6 +13,7 @@ import pytest
 from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._h1client import H1Pool
 from stormguard.gateway._wire import patched_block, request_headers
+from stormguard.server._view import ScopeView
 
 Factory = Callable[..., Any]
 LONG = 1_000_000
@@ -42,6 +43,26 @@ def test_the_token_holds_the_naming_headers_in_order_whatever_their_case() -> No
     identity = ClientIdentity(["header:X-API-Key", "ip"], [])
     headers = [(b"host", b"h"), (b"x-api-key", b"a"), (b"accept", b"*/*"), (b"X-API-Key", b"b")]
     assert identity.token(headers) == ((b"x-api-key", b"a"), (b"X-API-Key", b"b"))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"host", b"h"), (b"x-api-key", b"a")],
+        [(b"host", b"h"), (b"x-api-key", b"a"), (b"x-team", b"t"), (b"X-API-Key", b"b")],
+        [(b"host", b"h"), (b"x-api-key", b"")],  # empty: the next rule names the client
+        [(b"host", b"h"), (b"x-team", b"t")],
+        [(b"host", b"h"), (b"x-api-key", b"caf\xe9")],
+        [(b"host", b"h")],  # no header: by address
+    ],
+)
+def test_naming_from_the_token_is_naming_from_the_whole_scope(headers: Headers) -> None:
+    """The rules read from the token name the client exactly as from a ScopeView."""
+    identity = ClientIdentity(["header:X-API-Key", "header:X-Team", "ip"], [])
+    scope = _scope(headers)
+    view = identity.view(scope, identity.token(headers))
+    assert identity.identify(view) == identity.identify(ScopeView(scope))
+    assert view.header("host") == "h"  # other headers still read from the scope
 
 
 def _scope(headers: Headers) -> dict[str, Any]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 from ..server._rules import ClientAddress, KeyFunc, RequestView, compile_key
+from ..server._view import ScopeView
 
 __all__ = ["ClientIdentity", "client_id"]
 
@@ -51,6 +53,14 @@ class ClientIdentity:
         assert names is not None
         return tuple((name, value) for name, value in headers if name.lower() in names)
 
+    def view(self, scope: Any, token: tuple[tuple[bytes, bytes], ...] | None) -> ScopeView:
+        """The request of ``scope`` as the rules read it; with the ``token`` of
+        :meth:`token` its naming headers are read from the token (no dict of all the
+        request's headers is built)."""
+        if token is None or self.header_names is None:
+            return ScopeView(scope)
+        return _NamingView(scope, token, self.header_names)
+
     def ip(self, view: RequestView) -> str:
         """The client address (forwarded headers believed only from trusted proxies)."""
         return self._address.resolve(view) or "unknown"
@@ -69,3 +79,24 @@ class ClientIdentity:
             if key is not None:
                 return rule, key
         return "ip", f"ip:{self.ip(view)}"
+
+
+class _NamingView(ScopeView):
+    """A ScopeView whose naming headers come from a token: every occurrence of them,
+    in order, comma-joined as ScopeView joins repeated headers."""
+
+    __slots__ = ("_names", "_token")
+
+    def __init__(
+        self, scope: Any, token: tuple[tuple[bytes, bytes], ...], names: frozenset[bytes]
+    ) -> None:
+        super().__init__(scope)
+        self._token = token
+        self._names = names
+
+    def header(self, name: str) -> str | None:
+        wanted = name.encode("latin-1")
+        if wanted not in self._names:
+            return super().header(name)
+        values = [value.decode("latin-1") for key, value in self._token if key.lower() == wanted]
+        return ", ".join(values) if values else None

@@ -105,7 +105,7 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     if steady:
         _, rule, key, client, _ = known
     else:
-        view = ScopeView(scope)
+        view = identity.view(scope, token)
         rule, key = identity.identify(view)
         # The key's loggable name (a SHA-256) only where it is needed now; else "" and
         # named when counted or logged (issue 24: not per request for 100k clients).
