@@ -96,7 +96,7 @@ def _lines(n: int) -> list[Line]:
 
 def test_lines_of_several_passes_are_one_write_in_order() -> None:
     """Lines added over several event-loop passes reach the stream in one write, in
-    order, and nothing is written on the request path."""
+    order, and nothing is rendered or written on the request path."""
     logger, stream = _default_logger()
     access = AccessLog(logger, interval=60)
 
@@ -104,9 +104,8 @@ def test_lines_of_several_passes_are_one_write_in_order() -> None:
         for batch in range(3):
             for line in _lines(50)[batch * 10 : batch * 10 + 10]:
                 access.add(line)
-            assert not access._rendered or batch  # rendered only at the end of a pass
             await asyncio.sleep(0)
-        assert len(access._rendered) == 3 and stream.writes == 0
+        assert len(access._pending) == 30 and stream.writes == 0
 
     asyncio.run(main())
     access.close()
@@ -114,23 +113,22 @@ def test_lines_of_several_passes_are_one_write_in_order() -> None:
     assert stream.getvalue() == "".join(render(line) + "\n" for line in _lines(50)[:30])
 
 
-@pytest.mark.parametrize("knob", ["interval", "write_at"])
-def test_a_batch_goes_to_the_writer_after_interval_or_at_write_at(knob: str) -> None:
+@pytest.mark.parametrize("knob", ["interval", "batch"])
+def test_a_batch_goes_to_the_writer_after_interval_or_at_batch_lines(knob: str) -> None:
     """A batch is written without close(): once ``interval`` has passed (here 0), or
-    as soon as it holds ``write_at`` characters."""
+    as soon as it holds ``batch`` lines."""
     logger, stream = _default_logger()
-    settings = {"interval": 0.0} if knob == "interval" else {"interval": 60, "write_at": 10}
+    settings = {"interval": 0.0} if knob == "interval" else {"interval": 60, "batch": 4}
     access = AccessLog(logger, **settings)
 
     async def main() -> None:
         for line in _lines(4):
             access.add(line)
-        await asyncio.sleep(0)  # the pass ends: rendered
         if knob == "interval":
-            assert access._rendered  # waiting for the timer
+            assert access._pending  # waiting for the timer
             for _ in range(10):  # call_later(0) runs in one of the next passes
                 await asyncio.sleep(0)
-        assert not access._rendered  # handed to the writer thread
+        assert not access._pending  # handed to the writer thread
         assert stream.entered.wait(10)
 
     asyncio.run(main())
@@ -142,12 +140,12 @@ def test_a_batch_goes_to_the_writer_after_interval_or_at_write_at(knob: str) -> 
 def test_close_writes_the_lines_still_pending() -> None:
     """Lines added just before shutdown are written by close(), none lost."""
     logger, stream = _default_logger()
-    access = AccessLog(logger)
+    access = AccessLog(logger, interval=60)
 
     async def main() -> None:
         for line in _lines(3):
             access.add(line)
-        access.close()  # before the pass ends
+        access.close()  # before the batch is due
 
     asyncio.run(main())
     assert stream.getvalue().splitlines() == [render(line) for line in _lines(3)]
@@ -158,22 +156,13 @@ def test_lines_over_the_bound_are_dropped_and_counted() -> None:
     counted, and the lines kept are written in order once it moves again."""
     logger, stream = _default_logger()
     drops: list[int] = []
-    access = AccessLog(logger, write_at=1, max_backlog=5, on_drop=drops.append)
+    access = AccessLog(logger, batch=1, max_backlog=5, on_drop=drops.append)
     stream.open.clear()
     lines = _lines(12)
-
-    async def main() -> None:
-        access.add(lines[0])
-        await asyncio.sleep(0)  # the first batch: the writer takes it and is stuck
-        assert stream.entered.wait(10)
-        for line in lines[1:7]:  # 1 in the writer + 6 more: 2 over the bound
-            access.add(line)
-        await asyncio.sleep(0)
-        for line in lines[7:]:
-            access.add(line)
-        await asyncio.sleep(0)
-
-    asyncio.run(main())
+    access.add(lines[0])  # the first batch: the writer takes it and is stuck
+    assert stream.entered.wait(10)
+    for line in lines[1:]:  # 4 more fit beside it; 7 are over the bound
+        access.add(line)
     assert access.dropped == 7 and sum(drops) == 7
     stream.open.set()
     access.close()
@@ -184,16 +173,17 @@ def test_a_users_handler_gets_one_record_per_line_in_order(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """With a handler of the user's (not the gateway's default) the lines go through
-    logging, one record each, in order, at the end of the pass."""
+    logging, one record each, in order, when their batch is due."""
     logger = logging.getLogger("stormguard.test.access.user")
-    access = AccessLog(logger)
+    access = AccessLog(logger, interval=60)
 
     async def main() -> None:
         with caplog.at_level(logging.INFO, logger=logger.name):
             for line in LINES:
                 access.add(line)
-            assert not caplog.records
             await asyncio.sleep(0)
+            assert not caplog.records
+            access.flush()
 
     asyncio.run(main())
     access.close()

@@ -1,27 +1,29 @@
 # The access log, written in batches off the request path (issue 24).
 #
 # Per request the gateway only appends a tuple of the line's fields (`add`): no dict,
-# no json.dumps, no LogRecord, no write(2). The first line of an event-loop pass
-# schedules one render at the end of the pass (`loop.call_soon`): the lines become the
-# same JSON as before -- the same keys in the same order, byte for byte what
-# `json.dumps(line, separators=(",", ":"))` gave -- and then:
+# no json.dumps, no LogRecord, no hash of the client key, no write(2). A batch is
+# handed over `interval` seconds after its first line, or at once when it holds
+# `batch` lines: its lines are rendered -- the same JSON as before, the same keys in
+# the same order, byte for byte what `json.dumps(line, separators=(",", ":"))` gave --
+# and then:
 #
 # * default logging (the gateway's own `run()` installed the only handler that
-#   would see the record: a StreamHandler printing "%(message)s"): the text waits in
-#   a buffer that a writer thread writes to that handler's stream, one write and one
-#   flush per batch, under the handler's lock (so other records never tear a line).
-#   A batch goes to the thread `interval` seconds after its first line, or once it
-#   holds `write_at` characters: a few wake-ups a second, whatever the request rate.
-#   (Measured: waking the thread once per pass cost more CPU per request than the old
-#   per-request write, the GIL passing back and forth.) The thread, not the event
-#   loop, waits on a slow pipe or disk.
+#   would see the record: a StreamHandler printing "%(message)s"): the batch is one
+#   string, written by a writer thread to that handler's stream with one write and
+#   one flush, under the handler's lock (so other records never tear a line). The
+#   thread, not the event loop, waits on a slow pipe or disk.
 # * any other logging set-up (a user's handler, a filter, caplog): one record per line
-#   through `logging`, in order, once per pass.
+#   through `logging`, in order.
 #
-# Bounded memory: at most `max_backlog` lines wait (rendered, or with the writer
-# thread); lines over that bound are dropped and counted (`dropped`; the `on_drop`
-# hook feeds /metrics). `close()` writes what is pending and waits for the writer:
-# the gateway calls it on shutdown.
+# Why not once per event-loop pass: measured, a pass serves only a few requests, and
+# the per-pass work (a callback, the logging check, a thread wake-up with the GIL
+# passing back and forth) cost more per request than the lines themselves. A few
+# batches a second cost nothing per request; a line is at most `interval` late.
+#
+# Bounded memory: a batch holds at most `batch` lines, and at most `max_backlog` lines
+# wait for the writer thread; lines over that bound are dropped and counted
+# (`dropped`; the `on_drop` hook feeds /metrics). `close()` writes what is pending
+# and waits for the writer: the gateway calls it on shutdown.
 from __future__ import annotations
 
 import asyncio
@@ -90,31 +92,25 @@ def _stream_handler(logger: logging.Logger) -> logging.StreamHandler[Any] | None
 
 
 class AccessLog:
-    """Access lines gathered per event-loop pass and written in batches (see above)."""
+    """Access lines gathered and written in batches (see above)."""
 
     def __init__(
         self,
         logger: logging.Logger,
         *,
         interval: float = 0.05,
-        write_at: int = 1 << 16,
+        batch: int = 256,
         max_backlog: int = 100_000,
         on_drop: Callable[[int], None] | None = None,
     ) -> None:
         self.logger = logger
         self.interval = interval
-        self.write_at = write_at
+        self.batch = batch
         self.max_backlog = max_backlog
         self.on_drop = on_drop
         self.dropped = 0
-        self._pending: list[Line] = []  # this pass's lines
-        self._scheduled = False
+        self._pending: list[Line] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        # rendered, not yet handed to the writer: texts, their characters and lines
-        self._rendered: list[str] = []
-        self._chars = 0
-        self._lines = 0
-        self._handler: logging.StreamHandler[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         # the writer thread's queue: (handler, text, line count); None stops it
         self._queue: deque[tuple[logging.StreamHandler[Any], str, int] | None] = deque()
@@ -123,69 +119,51 @@ class AccessLog:
         self._writer: threading.Thread | None = None
 
     def add(self, line: Line) -> None:
-        """One request's line (rendered at the end of this event-loop pass)."""
-        self._pending.append(line)
-        if not self._scheduled:
-            self._scheduled = True
+        """One request's line (written with its batch)."""
+        pending = self._pending
+        pending.append(line)
+        if len(pending) >= self.batch:
+            self.flush()
+        elif self._timer is None:
             loop = self._loop
             if loop is None or loop.is_closed():
                 try:
                     loop = self._loop = asyncio.get_running_loop()
                 except RuntimeError:  # no loop (a direct call): write now
-                    self.close()
+                    self.flush()
                     return
-            loop.call_soon(self.flush)
+            self._timer = loop.call_later(self.interval, self.flush)
 
     def flush(self) -> None:
-        """Render this pass's lines (through logging, or into the writer's batch)."""
-        self._scheduled = False
+        """Hand the pending lines over: through logging, or to the writer thread."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         lines, self._pending = self._pending, []
         if not lines:
             return
         handler = _stream_handler(self.logger)
-        if handler is not self._handler:  # logging changed: what was for the old goes
-            self._hand_over()
-            self._handler = handler
         if handler is None:
             log = self.logger.info
             for line in lines:
                 log(render(line))
             return
-        room = self.max_backlog - self._backlog - self._lines
-        if room < len(lines):
-            self._drop(len(lines) - max(room, 0))
-            lines = lines[: max(room, 0)]
-            if not lines:
-                return
-        text = "\n".join(map(render, lines)) + handler.terminator
-        self._rendered.append(text)
-        self._chars += len(text)
-        self._lines += len(lines)
-        if self._chars >= self.write_at:
-            self._hand_over()
-        elif self._timer is None and self._loop is not None:
-            self._timer = self._loop.call_later(self.interval, self._hand_over)
-
-    def _drop(self, count: int) -> None:
         with self._wake:
-            self.dropped += count
-        if self.on_drop is not None:
-            self.on_drop(count)
-
-    def _hand_over(self) -> None:
-        # The rendered batch to the writer thread (started on the first batch).
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._rendered or self._handler is None:
-            return
-        text, count = "".join(self._rendered), self._lines
-        self._rendered, self._chars, self._lines = [], 0, 0
-        with self._wake:
-            self._queue.append((self._handler, text, count))
-            self._backlog += count
-            self._wake.notify()
-        if self._writer is None:
+            room = self.max_backlog - self._backlog
+            if room < len(lines):
+                lost = len(lines) - max(room, 0)
+                self.dropped += lost
+                lines = lines[: max(room, 0)]
+            else:
+                lost = 0
+            if lines:
+                end = handler.terminator
+                self._queue.append((handler, end.join(map(render, lines)) + end, len(lines)))
+                self._backlog += len(lines)
+                self._wake.notify()
+        if lost and self.on_drop is not None:
+            self.on_drop(lost)
+        if lines and self._writer is None:
             self._writer = threading.Thread(
                 target=self._write, name="stormguard-access-log", daemon=True
             )
@@ -206,7 +184,10 @@ class AccessLog:
                 stream.write(text)
                 stream.flush()
             except Exception:  # a closed or broken stream: the lines are lost, counted
-                self._drop(count)
+                with self._wake:
+                    self.dropped += count
+                if self.on_drop is not None:
+                    self.on_drop(count)
             finally:
                 handler.release()
             with self._wake:
@@ -215,7 +196,6 @@ class AccessLog:
     def close(self) -> None:
         """Write what is pending and wait for the writer thread (on shutdown)."""
         self.flush()
-        self._hand_over()
         writer, self._writer = self._writer, None
         if writer is None:
             return
