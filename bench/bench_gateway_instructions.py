@@ -11,12 +11,19 @@ what does not grow with them. Instructions do not depend on what else the machin
 runs, so this is the measure to judge a change of the gateway's own work by
 (within about 1 %: timers and loop passes that scale with wall time remain).
 
+Rows (issue 24): ``memory`` (clients by address), ``memory-header`` (clients named by
+``X-API-Key``, as in the README), ``memory-log`` (the same with the access log on,
+written to a file), ``memory-100k`` (every request a different client, from 100,000
+keys), ``redis`` and ``redis-approx``. ``BENCH_ROWS=memory,memory-header`` (a comma
+list) runs only the rows named.
+
 Needs valgrind (Debian package ``valgrind``) and nginx; else it says so and skips.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import shutil
 import socket
@@ -37,17 +44,27 @@ REQUESTS = (1000, 3000)  # quick: (300, 900)
 APPROXIMATE = ", sync: {every: 2}"
 
 
-def _drive(port: int, requests: int, connections: int = CONNECTIONS) -> None:
-    """``requests`` keep-alive GETs over ``connections``, one in flight on each."""
+# The keys of the 100k-distinct row: each request the next one, never twice in a run.
+_DISTINCT = itertools.cycle(range(gw.DISTINCT_CLIENTS))
+
+
+def _drive(port: int, requests: int, connections: int = CONNECTIONS, clients: str = "") -> None:
+    """``requests`` keep-alive GETs over ``connections``, one in flight on each
+    (``clients``: ``header``, one ``X-API-Key``; ``distinct``, a new key each)."""
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
-    request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+    request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port
+    if clients == "header":
+        request += gw.API_KEY.encode() + b"\r\n"
     buffers = [b""] * connections
     done = 0
     try:
         while done < requests:
             batch = min(connections, requests - done)
             for sock in socks[:batch]:
-                sock.sendall(request)
+                if clients == "distinct":
+                    sock.sendall(request + b"X-API-Key: client-%d\r\n\r\n" % next(_DISTINCT))
+                else:
+                    sock.sendall(request + b"\r\n")
             for i in range(batch):
                 buffers[i] = _answer(socks[i], buffers[i])
             done += batch
@@ -78,10 +95,10 @@ def _control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
-def _collected(out: Path, pid: int, requests: int, port: int) -> int:
+def _collected(out: Path, pid: int, requests: int, port: int, clients: str) -> int:
     """Instructions the gateway ran while serving ``requests``."""
     _control(pid, "-z")
-    _drive(port, requests)
+    _drive(port, requests, clients=clients)
     before = set(glob.glob(f"{out}.{pid}*"))
     _control(pid, "-d")
     deadline = time.monotonic() + 30
@@ -101,7 +118,18 @@ def _count_contender(
     """Instructions of one gateway (``store``) at ``low`` and ``high`` requests."""
     port, admin = gw._free_port(), gw._free_port()
     config = workdir / f"gateway-{label}.yaml"
-    gw._gateway_config(config, port, admin, up, store, extra)
+    clients = {"memory-header": "header", "memory-log": "header", "memory-100k": "distinct"}
+    named = clients.get(label, "")
+    gw._gateway_config(
+        config,
+        port,
+        admin,
+        up,
+        store,
+        extra,
+        clients=gw.HEADER_CLIENTS if named else "",
+        access_log=label == "memory-log",
+    )
     out = workdir / f"callgrind-{label}.out"
     command = [
         "valgrind",
@@ -111,13 +139,17 @@ def _count_contender(
         *gw._gateway_cmd(config),
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (workdir / f"gateway-{label}.log").open("wb") as log:  # the access log's file
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=log)
     try:
         gw._wait_port(port, proc, timeout=300)
-        _drive(port, 300)  # warm: upstream connections open, tables filled
+        _drive(port, 300, clients=named)  # warm: upstream connections open, tables filled
         _control(proc.pid, "-i", "on")
-        _drive(port, 300)
-        return _collected(out, proc.pid, low, port), _collected(out, proc.pid, high, port)
+        _drive(port, 300, clients=named)
+        return (
+            _collected(out, proc.pid, low, port, named),
+            _collected(out, proc.pid, high, port, named),
+        )
     finally:
         proc.terminate()
         proc.wait()
@@ -136,7 +168,12 @@ def main(quick: bool) -> None:
         up = gw._free_port()
         cmd, _ = gw._nginx(workdir, "upstream", gw._upstream_block(up))
         stack.enter_context(gw._process(cmd, up))
-        contenders = [("memory", "memory", "")]
+        contenders = [
+            ("memory", "memory", ""),
+            ("memory-header", "memory", ""),
+            ("memory-log", "memory", ""),
+            ("memory-100k", "memory", ""),
+        ]
         if redis_server is None:
             print("redis-server is not installed: the Redis rows are skipped")
         else:
@@ -145,15 +182,28 @@ def main(quick: bool) -> None:
             stack.enter_context(gw._process([*redis_cmd, "no", "--dir", tmp], redis_port))
             url = f"redis://127.0.0.1:{redis_port}/0"
             contenders += [("redis", url, ""), ("redis-approx", url, APPROXIMATE)]
+        only = [row for row in os.environ.get("BENCH_ROWS", "").split(",") if row]
         per = {}
         for label, store, extra in contenders:
+            if only and label not in only:
+                continue
             counts = _count_contender(workdir, label, store, up, low, high, extra)
             per[label] = (counts[1] - counts[0]) / (high - low)
     print(f"gateway, per-client + global limits + breaker, {CONNECTIONS} keep-alive connections,")
     print("under callgrind: instructions per proxied request")
-    memory = per["memory"]
+    memory = per.get("memory")
     for label, value in per.items():
-        print(f"  {label:14} {value:10,.0f}   {value / memory:5.2f}x the memory store")
+        versus = f"   {value / memory:5.2f}x the memory store" if memory else ""
+        print(f"  {label:14} {value:10,.0f}{versus}")
+    header, distinct = per.get("memory-header"), per.get("memory-100k")
+    if header and distinct:  # issue 24: 100k distinct clients <= 1.25x one client's CPU
+        print(
+            f"  100k distinct / one header-named client: {distinct / header:.2f}x (target <= 1.25x)"
+        )
+    if header and per.get("memory-log"):
+        print(f"  access log on / off: {per['memory-log'] / header:.2f}x")
+    if header:  # issue 24: no more than today's ~130 k per request
+        print(f"  header-named clients: {header:,.0f} (target <= 130,000)")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 from ..server._rules import ClientAddress, KeyFunc, RequestView, compile_key
+from ..server._view import ScopeView
 
 __all__ = ["ClientIdentity", "client_id"]
 
@@ -23,7 +25,7 @@ def client_id(key: str) -> str:
 class ClientIdentity:
     """Names the client of a request: ``(rule, key)`` from the first rule present."""
 
-    __slots__ = ("_address", "_keys", "per_connection")
+    __slots__ = ("_address", "_keys", "header_names", "per_connection")
 
     def __init__(self, rules: Sequence[str], trusted_proxies: Sequence[str]) -> None:
         self._address = ClientAddress.of(trusted_proxies)
@@ -35,6 +37,29 @@ class ClientIdentity:
         self.per_connection = not self._address.trusted_proxies and all(
             rule == "ip" for rule in rules
         )
+        # Otherwise, with no proxy trusted and only `header:NAME` and `ip` rules, the
+        # key on one connection follows from those headers alone (`token`): a
+        # connection whose requests send the same ones names the same client.
+        names = [rule.partition(":")[2].strip().lower() for rule in rules if rule != "ip"]
+        self.header_names: frozenset[bytes] | None = None
+        only_headers = all(rule == "ip" or rule.lower().startswith("header:") for rule in rules)
+        if not self.per_connection and not self._address.trusted_proxies and only_headers:
+            self.header_names = frozenset(name.encode("latin-1") for name in names)
+
+    def token(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
+        """The headers the key of a request on one connection follows from (only with
+        :attr:`header_names`): equal tokens, the same ``(rule, key)``."""
+        names = self.header_names
+        assert names is not None
+        return tuple((name, value) for name, value in headers if name.lower() in names)
+
+    def view(self, scope: Any, token: tuple[tuple[bytes, bytes], ...] | None) -> ScopeView:
+        """The request of ``scope`` as the rules read it; with the ``token`` of
+        :meth:`token` its naming headers are read from the token (no dict of all the
+        request's headers is built)."""
+        if token is None or self.header_names is None:
+            return ScopeView(scope)
+        return _NamingView(scope, token, self.header_names)
 
     def ip(self, view: RequestView) -> str:
         """The client address (forwarded headers believed only from trusted proxies)."""
@@ -54,3 +79,24 @@ class ClientIdentity:
             if key is not None:
                 return rule, key
         return "ip", f"ip:{self.ip(view)}"
+
+
+class _NamingView(ScopeView):
+    """A ScopeView whose naming headers come from a token: every occurrence of them,
+    in order, comma-joined as ScopeView joins repeated headers."""
+
+    __slots__ = ("_names", "_token")
+
+    def __init__(
+        self, scope: Any, token: tuple[tuple[bytes, bytes], ...], names: frozenset[bytes]
+    ) -> None:
+        super().__init__(scope)
+        self._token = token
+        self._names = names
+
+    def header(self, name: str) -> str | None:
+        wanted = name.encode("latin-1")
+        if wanted not in self._names:
+            return super().header(name)
+        values = [value.decode("latin-1") for key, value in self._token if key.lower() == wanted]
+        return ", ".join(values) if values else None

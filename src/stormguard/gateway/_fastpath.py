@@ -33,7 +33,7 @@ from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
 from ._retries import stale_resend
 from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
 from ._upstream import Held, Holder, Target, UpstreamPool
-from ._wire import request_headers, response_head
+from ._wire import patched_block, request_headers, response_head
 
 __all__ = ["begin"]
 
@@ -99,17 +99,23 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     pool = route.upstream
     view: ScopeView | None = None  # the request as the rules read it, made when asked
     identity = rt.identity
-    known = proto.client_known  # (identity, rule, key, client id) of this connection
-    steady = known is not None and known[0] is identity
+    known = proto.client_known  # (identity, rule, key, client id, token) of this connection
+    # issue 24: clients named by headers are named again only when those headers change
+    token = identity.token(scope["headers"]) if identity.header_names is not None else None
+    steady = known is not None and known[0] is identity and known[4] == token
     if steady:
-        _, rule, key, client = known
+        _, rule, key, client, _ = known
     else:
-        view = ScopeView(scope)
+        view = identity.view(scope, token)
         rule, key = identity.identify(view)
-        client = client_id(key)
+        # The key's loggable name (a SHA-256) only where it is needed now; else "" and
+        # named when counted or logged (issue 24: not per request for 100k clients).
+        client = client_id(key) if mode == AWAIT else ""
         # The same client on every request of the connection, when only its address
-        # can name it: named once.
-        proto.client_known = (identity, rule, key, client) if identity.per_connection else None
+        # can name it: named once; by headers, until they change.
+        cached = identity.per_connection or token is not None
+        proto.client_known = (identity, rule, key, client, token) if cached else None
+        proto.limits_known = None
     if mode == AWAIT:
         scope[CLIENT_KEY] = key
         exchange = FastExchange(  # admitted by the task, later
@@ -132,7 +138,7 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
     ticket = pool.enter()
     if ticket is None:  # the lock-free gate cannot say: the pool's own methods
         try:
-            admitted = pool.admit_now(client)
+            admitted = pool.admit_now(client or client_id(key))
         except CircuitOpen:
             admitted = None
         if not isinstance(admitted, Held):  # refused or would wait: the ASGI path decides
@@ -159,7 +165,8 @@ def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> F
             limits = rules.plain_limits(view)
             if limits is None:
                 decision = rules.refusal(view, method, scope["path"])
-            elif proto.client_known is not None:  # this client, from now on
+            elif steady or identity.per_connection:  # this client, from now on (by headers:
+                # once it came twice, not for a connection whose every request is another)
                 refusal = rules.refusal_hitter(limits)
                 proto.limits_known = (rules, refusal)
                 decision = refusal()
@@ -290,8 +297,12 @@ class FastExchange(_Exchange):
         if kept is not None and kept[1] is identity and kept[2] == method and kept[0] == raw:
             block = kept[3]
         else:
-            headers = request_headers(scope, identity.trusted_peer(ScopeView(scope)))
-            block = pool.client.header_block(method, headers)
+            block = None
+            if kept is not None and kept[1] is identity and kept[2] == method:
+                block = patched_block(kept[0], kept[3], raw)  # one value changed (issue 24)
+            if block is None:
+                headers = request_headers(scope, identity.trusted_peer(ScopeView(scope)))
+                block = pool.client.header_block(method, headers)
             proto.header_block = (raw, identity, method, block)
         path = scope["raw_path"]
         query = scope["query_string"]

@@ -76,6 +76,12 @@ _COUNTERS = {
         "within store_max_keys (their clients start afresh).",
         (),
     ),
+    # issue 24: the access log is written in batches; over its bound lines are dropped.
+    "access_log_dropped": (
+        "access_log_dropped",
+        "Access log lines dropped because the writer could not keep up (over its bound).",
+        (),
+    ),
 }
 _GAUGES = {
     "in_flight": (
@@ -120,6 +126,7 @@ class GatewayMetrics:
     shadow_refusals: Counter
     answers: Counter
     store_evictions: Counter
+    access_log_dropped: Counter
     in_flight: Gauge
     bulkhead_limit: Gauge
     breaker: Gauge

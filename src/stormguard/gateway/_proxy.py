@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -119,23 +118,25 @@ def account(
     """Count the request's outcome; write its access log line (when enabled)."""
     name = route.name if route is not None else "-"
     rt.metrics.count(name, ex.outcome)
-    if ex.outcome not in ("allowed", "not_found", "upstream_error") and ex.client:
-        rt.metrics.refused_clients.labels(ex.client, ex.outcome).inc()
+    key = scope.get(CLIENT_KEY)  # the callback path names its client here (ex.client "")
+    if ex.outcome not in ("allowed", "not_found", "upstream_error") and (ex.client or key):
+        rt.metrics.refused_clients.labels(ex.client or client_id(key), ex.outcome).inc()
     if rt.config.access_log and access_log.isEnabledFor(logging.INFO):
-        line = {
-            "method": scope["method"],
-            "path": scope["path"],
-            "route": name,
-            "status": ex.status,
-            "policy": ex.outcome,
-            "client": ex.client,
-            "client_rule": ex.rule,
-            "upstream": ex.upstream,
-            "ms": round((time.perf_counter() - started) * 1000, 3),
-        }
-        if SHADOW_KEY in scope:  # fleet (issue 25): what shadow limits would have refused
-            line["shadow"] = list(scope[SHADOW_KEY])
-        access_log.info(json.dumps(line, separators=(",", ":")))
+        # a tuple now; rendered and written once per event-loop pass (_accesslog)
+        rt.access.add(
+            (
+                scope["method"],
+                scope["path"],
+                name,
+                ex.status,
+                ex.outcome,
+                key,  # hashed when the line is rendered (client_id)
+                ex.rule,
+                ex.upstream,
+                round((time.perf_counter() - started) * 1000, 3),
+                scope.get(SHADOW_KEY),  # fleet (issue 25): what shadow limits would refuse
+            )
+        )
 
 
 async def _refuse(send: Send, ex: _Exchange, refusal: Refusal) -> None:

@@ -32,6 +32,7 @@ from ..protection._permit import BreakerEvent
 from ..server._decide import RuleSet
 from ..server._rules import Rule
 from ..stores import MemoryStore, from_url
+from ._accesslog import AccessLog
 from ._clients import ClientIdentity
 from ._config import GatewayConfig, Limit, Route, WebSocketSettings
 from ._metrics import BREAKER_CODES, GatewayMetrics
@@ -120,6 +121,15 @@ class Runtime:
             self.store = MemoryStore(max_keys=config.max_keys)
         # (evictions counted so far, the last warning's time): carried over a reload
         self._evictions: list[float] = [0, -1e9] if previous is None else previous._evictions
+        # the access log outlives reloads (its pending lines and writer thread)
+        self.access: AccessLog = (
+            previous.access
+            if previous is not None
+            else AccessLog(
+                logging.getLogger("stormguard.gateway.access"),
+                on_drop=metrics.access_log_dropped.inc,
+            )
+        )
         shared = self.store if config.shared_store else None
         self.identity = ClientIdentity(config.clients.key, config.clients.trusted_proxies)
         self.upstreams: dict[str, UpstreamPool] = {}
@@ -271,7 +281,9 @@ class Runtime:
         self.retired = []
 
     async def aclose(self) -> None:
-        """Close every connection pool and the store's connections."""
+        """Write the pending access lines; close every connection pool and the store's
+        connections."""
+        self.access.close()
         for pool in self.upstreams.values():
             await pool.close()
         closer = getattr(self.store, "aclose", None)

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ._accesslog import mark_default_handlers
 from ._config import GatewayConfig, GatewayConfigError, load_config, split_hostport
 from .http._server import HTTPServer, start_server
 
@@ -208,7 +209,10 @@ def run(path: str | Path, *, workers: int = 1) -> None:
     """Serve the gateway described by the file at ``path`` until SIGTERM/SIGINT."""
     path = Path(path)
     config = load_config(path)
+    before = list(logging.getLogger().handlers)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # access lines may go straight to the handler basicConfig added (see _accesslog)
+    mark_default_handlers(h for h in logging.getLogger().handlers if h not in before)
     if workers <= 1:
         _print_ready(config, 1)
         with asyncio.Runner(loop_factory=_new_loop) as runner:

@@ -9,7 +9,14 @@ from typing import Any
 
 from .http._head import status_line
 
-__all__ = ["DISCONNECT", "HOP_BY_HOP", "request_headers", "response_head", "response_headers"]
+__all__ = [
+    "DISCONNECT",
+    "HOP_BY_HOP",
+    "patched_block",
+    "request_headers",
+    "response_head",
+    "response_headers",
+]
 
 # Scope entry set by the gateway's own HTTP listener (http/_listener.py): the request's
 # cycle; a callable put in its `on_lost` is called once if the client disconnects
@@ -100,6 +107,34 @@ def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[
         out.append((b"X-Forwarded-Host", host))
     out.append((b"Via", via + b", " + VIA if via else VIA))
     return out
+
+
+def patched_block(
+    kept: list[tuple[bytes, bytes]], block: bytes, raw: list[tuple[bytes, bytes]]
+) -> bytes | None:
+    """The header lines for request headers ``raw`` made from ``block``, the lines
+    rendered for ``kept`` (same peer, scheme, method and rules), when the two differ in
+    the value of one end-to-end header only -- every request naming a different client
+    by ``X-API-Key`` (issue 24); else None (render them afresh)."""
+    if len(kept) != len(raw):
+        return None
+    at = -1
+    for i, (old, new) in enumerate(zip(kept, raw, strict=True)):
+        if old != new:
+            if at >= 0 or old[0] != new[0]:
+                return None
+            at = i
+    if at < 0:
+        return block
+    name, value = kept[at]
+    if name in _REQUEST_DROP or name in _CLIENT_FORWARDING or name.startswith(_X_FORWARDED):
+        return None  # request_headers rewrites these itself
+    line = b"\r\n" + name + b": " + value + b"\r\n"
+    whole = b"\r\n" + block
+    first = whole.find(line)
+    if first < 0 or whole.find(line, first + 1) >= 0:
+        return None  # dropped (named by Connection), or not the only such line
+    return b"".join((block[:first], name, b": ", raw[at][1], whole[first + len(line) - 2 :]))
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

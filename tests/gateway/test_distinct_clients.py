@@ -1,0 +1,157 @@
+"""Clients named by a header on the callback path (issue 24): named once per
+connection while the naming headers stay the same, named afresh when they change; and
+the upstream header lines patched when only one end-to-end value changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from stormguard.gateway._clients import ClientIdentity
+from stormguard.gateway._h1client import H1Pool
+from stormguard.gateway._wire import patched_block, request_headers
+from stormguard.server._view import ScopeView
+
+Factory = Callable[..., Any]
+LONG = 1_000_000
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@pytest.mark.parametrize(
+    ("rules", "trusted", "names"),
+    [
+        (["header:X-API-Key"], [], frozenset({b"x-api-key"})),
+        (["header:X-API-Key", "Header:X-Team", "ip"], [], frozenset({b"x-api-key", b"x-team"})),
+        (["ip"], [], None),  # one client per connection already
+        (["header:X-API-Key", "ip"], ["10.0.0.0/8"], None),  # forwarded addresses count
+    ],
+)
+def test_which_identities_are_named_by_their_headers_alone(
+    rules: list[str], trusted: list[str], names: frozenset[bytes] | None
+) -> None:
+    """Only `header:NAME` and `ip` rules with no trusted proxy make a key follow from
+    the headers on one connection."""
+    assert ClientIdentity(rules, trusted).header_names == names
+
+
+def test_the_token_holds_the_naming_headers_in_order_whatever_their_case() -> None:
+    """The token is every naming header, repeated ones too, in the request's order."""
+    identity = ClientIdentity(["header:X-API-Key", "ip"], [])
+    headers = [(b"host", b"h"), (b"x-api-key", b"a"), (b"accept", b"*/*"), (b"X-API-Key", b"b")]
+    assert identity.token(headers) == ((b"x-api-key", b"a"), (b"X-API-Key", b"b"))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"host", b"h"), (b"x-api-key", b"a")],
+        [(b"host", b"h"), (b"x-api-key", b"a"), (b"x-team", b"t"), (b"X-API-Key", b"b")],
+        [(b"host", b"h"), (b"x-api-key", b"")],  # empty: the next rule names the client
+        [(b"host", b"h"), (b"x-team", b"t")],
+        [(b"host", b"h"), (b"x-api-key", b"caf\xe9")],
+        [(b"host", b"h")],  # no header: by address
+    ],
+)
+def test_naming_from_the_token_is_naming_from_the_whole_scope(headers: Headers) -> None:
+    """The rules read from the token name the client exactly as from a ScopeView."""
+    identity = ClientIdentity(["header:X-API-Key", "header:X-Team", "ip"], [])
+    scope = _scope(headers)
+    view = identity.view(scope, identity.token(headers))
+    assert identity.identify(view) == identity.identify(ScopeView(scope))
+    assert view.header("host") == "h"  # other headers still read from the scope
+
+
+def _scope(headers: Headers) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "GET",
+        "scheme": "http",
+        "headers": headers,
+        "client": ("127.0.0.1", 5000),
+    }
+
+
+def _block(headers: Headers) -> bytes:
+    """The header lines the gateway renders for ``headers`` (no patching)."""
+    return H1Pool.header_block("GET", request_headers(_scope(headers), False))
+
+
+BASE: Headers = [(b"host", b"gw"), (b"x-api-key", b"client-1"), (b"accept", b"*/*")]
+OTHER_KEY: Headers = [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"*/*")]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"*/*")],
+        [(b"host", b"gw"), (b"x-api-key", b"a-much-longer-client-key"), (b"accept", b"*/*")],
+        [(b"host", b"gw"), (b"x-api-key", b"client-1"), (b"accept", b"text/html")],
+        BASE,
+    ],
+)
+def test_a_patched_block_is_the_block_rendered_afresh(changed: Headers) -> None:
+    """One end-to-end value changed: the patched lines are exactly the fresh ones."""
+    assert patched_block(BASE, _block(BASE), changed) == _block(changed)
+
+
+@pytest.mark.parametrize(
+    ("kept", "changed"),
+    [
+        (BASE, [(b"host", b"other"), (b"x-api-key", b"client-1"), (b"accept", b"*/*")]),
+        (BASE, [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"text/html")]),
+        (BASE, [(b"host", b"gw"), (b"x-api-key", b"client-1")]),
+        (BASE, [(b"host", b"gw"), (b"x-team", b"client-1"), (b"accept", b"*/*")]),
+        (
+            [*BASE, (b"x-forwarded-for", b"1.2.3.4")],
+            [*BASE, (b"x-forwarded-for", b"5.6.7.8")],
+        ),
+        (
+            [*BASE, (b"connection", b"x-api-key")],  # names x-api-key hop-by-hop: dropped
+            [*OTHER_KEY, (b"connection", b"x-api-key")],
+        ),
+        (
+            [(b"x-api-key", b"same"), (b"x-api-key", b"same")],  # which line is which?
+            [(b"x-api-key", b"other"), (b"x-api-key", b"same")],
+        ),
+    ],
+)
+def test_any_other_change_renders_the_block_afresh(kept: Headers, changed: Headers) -> None:
+    """Two changes, a renamed or rewritten header, a dropped one, an ambiguous line: no
+    patch (None), the lines are rendered from scratch."""
+    assert patched_block(kept, _block(kept), changed) is None
+
+
+def test_clients_changing_on_one_connection_keep_their_own_limits_and_headers(
+    upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """On one keep-alive connection, requests naming clients A, B, A, B, A by X-API-Key
+    are limited per client (2 each) and reach the upstream with their own key."""
+    up = upstream_factory()
+    config: dict[str, Any] = {
+        "clients": {"key": ["header:X-API-Key", "ip"]},
+        "upstreams": {"a": {"url": up.url}},
+        "limits": {"per-client": {"algorithm": "fixed_window", "limit": 2, "window": LONG}},
+        "routes": [{"path": "/", "upstream": "a", "limits": ["per-client"]}],
+    }
+    gw = gateway_factory(config)
+    order = ["A", "B", "A", "B", "A", "B", "C"]
+    answers = []
+    with httpx.Client(timeout=10) as client:
+        for key in order:
+            r = client.get(f"{gw.url}/echo", headers={"X-API-Key": key})
+            got = {k.lower(): v for k, v in r.json()["headers"].items()} if r.is_success else {}
+            seen = got.get("x-api-key")
+            answers.append((r.status_code, seen))
+    assert answers == [
+        (200, "A"),
+        (200, "B"),
+        (200, "A"),
+        (200, "B"),
+        (429, None),
+        (429, None),
+        (200, "C"),
+    ]
