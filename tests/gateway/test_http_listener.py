@@ -218,3 +218,46 @@ async def test_the_real_session_takes_the_interface() -> None:
 
     assert callable(WebSocketSession.start) and callable(WebSocketSession.shutdown)
     assert issubclass(WebSocketSession, asyncio.Protocol)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"Content-Length: 3\r\n\r\nabc", b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"],
+)
+async def test_receive_after_the_whole_body_waits_for_the_disconnect(body: bytes) -> None:
+    """Once the app has the whole body, receive() gives nothing until the client leaves:
+    the next message is http.disconnect, never another empty body (an app that watches
+    for the disconnect would spin on those, holding the event loop)."""
+    seen: list[dict[str, Any]] = []
+    answered = asyncio.Event()
+
+    async def watcher(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": True})
+        answered.set()
+        for _ in range(3):  # at most three: a spinning receive() is caught, not looped on
+            seen.append(await receive())
+            if seen[-1]["type"] == "http.disconnect":
+                break
+
+    running = await start_server(watcher, header_timeout=5.0)
+    try:
+        port = running.server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\n" + body)
+        await asyncio.wait_for(answered.wait(), 5)
+        await asyncio.sleep(0)  # the app's receive() runs: it must wait, not answer
+        assert seen == []
+        writer.close()
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [{"type": "http.disconnect"}]
+        del reader
+    finally:
+        await running.drain(1.0)

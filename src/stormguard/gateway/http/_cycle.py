@@ -40,6 +40,7 @@ class Cycle:
     __slots__ = (
         "body",
         "chunked",
+        "delivered",
         "disconnected",
         "expect_100_continue",
         "head",
@@ -64,6 +65,7 @@ class Cycle:
         self.expect_100_continue = expect
         self.body = b""
         self.more_body = True
+        self.delivered = False  # the body's last message went to the app
         self.message_event = asyncio.Event()
         self.disconnected = False
         self.response_started = False
@@ -118,6 +120,15 @@ class Cycle:
             if not transport.is_closing():
                 self.proto.outbox.flush()
                 transport.write(_CONTINUE)
+        if self.delivered:
+            # The whole body went to the app: the next message is the disconnect
+            # (or the answer's end), however long that takes -- never another
+            # empty body message, which a loop waiting for the disconnect would
+            # spin on.
+            while not (self.disconnected or self.response_complete):
+                self.message_event.clear()
+                await self.message_event.wait()
+            return {"type": "http.disconnect"}
         if (
             not self.disconnected
             and not self.response_complete
@@ -132,9 +143,12 @@ class Cycle:
             return {"type": "http.disconnect"}
         body, self.body = self.body, b""
         self.message_event.clear()
-        if self.more_body and not self.proto.closing:
+        more = self.more_body
+        if more and not self.proto.closing:
             self.proto.flow.resume_reading()
-        return {"type": "http.request", "body": body, "more_body": self.more_body}
+        elif not more:
+            self.delivered = True
+        return {"type": "http.request", "body": body, "more_body": more}
 
     async def send(self, message: Any) -> None:
         flow = self.proto.flow
