@@ -57,7 +57,8 @@ rls-protos:
 	$(PROTOS_VENV)/bin/python -m pip install --quiet '$(GRPC_TOOLS)'
 	$(PROTOS_VENV)/bin/python tools/gen_rls_protos.py
 
-# The gateway tests once more at the lowest versions pyproject.toml allows
+# The gateway tests (and tests/rls: the rate-limit service, uvicorn's only user) once more
+# at the lowest versions pyproject.toml allows
 # (constraints/floors.txt pins every floor), in a venv of their own, so a lower
 # bound is a version the tests pass on. `make test` covers the newest ones.
 FLOORS_VENV := .venv-floors
@@ -73,7 +74,7 @@ $(FLOORS_VENV)/.installed: pyproject.toml $(FLOORS)
 	touch $@
 
 test-floors: $(FLOORS_VENV)/.installed
-	$(FLOORS_BIN)/python -m pytest tests/gateway -q
+	$(FLOORS_BIN)/python -m pytest tests/gateway tests/rls -q
 
 clean:
 	rm -rf $(VENV) $(PROTOS_VENV) $(FLOORS_VENV) .mypy_cache .pytest_cache .ruff_cache site
