@@ -144,8 +144,12 @@ async def messages(*items: bytes) -> AsyncIterator[bytes]:
 
 
 def trailer(metadata: Any, name: str) -> str | bytes | None:
-    """A metadata value by name (None when absent)."""
-    return dict(metadata or ()).get(name)
+    """A metadata value by name (None when absent).
+
+    Iterates the (key, value) pairs: grpcio before 1.80 makes `dict(aio.Metadata)`
+    look its pairs up as keys (KeyError).
+    """
+    return dict(iter(metadata or ())).get(name)
 
 
 @pytest.fixture(name="upstream")
