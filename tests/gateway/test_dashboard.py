@@ -346,3 +346,16 @@ def test_status_answers_count_what_a_real_gateway_got_on_both_paths(
     zero = dict.fromkeys(("2xx", "3xx", "4xx", "5xx", "timeout", "connect_error"), 0)
     assert answers["live"] == {**zero, "2xx": 2, "4xx": 2, "5xx": 2, "timeout": 2}
     assert answers["dead"] == {**zero, "connect_error": 2}
+
+
+def test_history_started_counts_what_came_before_the_first_sample() -> None:
+    """Started at the gateway's start, the first bucket holds the requests served before
+    the first sample (a late first sample loses none of them)."""
+    history = History(1.0, 60.0)
+    history.start(10.0)
+    history.record(11.0, Snapshot(outcomes={"allowed": 4.0}))
+    history.record(12.0, Snapshot(outcomes={"allowed": 6.0}))
+    assert history.document(())["outcomes"]["allowed"] == [4.0, 2.0]
+    history.start(12.0)  # started already: no new baseline
+    history.record(13.0, Snapshot(outcomes={"allowed": 7.0}))
+    assert history.document(())["outcomes"]["allowed"] == [4.0, 2.0, 1.0]

@@ -134,6 +134,7 @@ class AdminApp:
     def start(self) -> None:
         """Start the history sampler (what ASGI lifespan startup does)."""
         if self._sampler is None:
+            self.status.history.start(self.clock())
             self._sampler = asyncio.ensure_future(self._sample())
 
     def stop(self) -> None:

@@ -121,6 +121,13 @@ class History:
     def __len__(self) -> int:
         return len(self._ring)
 
+    def start(self, now: float) -> None:
+        """Count from zero at ``now`` (the gateway's counters start at zero), so the
+        first bucket holds what happened before the first sample -- a late or
+        failed first sample loses nothing."""
+        if self._last is None:
+            self._last = (now, Snapshot())
+
     def record(self, now: float, snapshot: Snapshot) -> None:
         """Close the bucket ending at ``now`` with what moved since the last call."""
         last, self._last = self._last, (now, snapshot)
