@@ -25,13 +25,15 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy src tests/typing
 
-# Every core (pytest-xdist; a file's tests stay on one worker, so its fixtures are
-# made once); the heavy stress tests wait for `make test-all`.
+# pytest-xdist workers: three on a two-core machine keeps both cores busy while the
+# gateway tests wait on the processes they start (more makes the timing tests flaky);
+# the heavy stress tests wait for `make test-all`.
+JOBS ?= 3
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile -m "not stress"
+	$(BIN)/python -m pytest -n $(JOBS) --dist load -m "not stress"
 
 stress: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile -m stress
+	$(BIN)/python -m pytest -n $(JOBS) --dist load -m stress
 
 # Everything: what `make test` runs, then the stress tests (CI runs both).
 test-all: test stress
@@ -82,7 +84,7 @@ $(FLOORS_VENV)/.installed: pyproject.toml $(FLOORS)
 	touch $@
 
 test-floors: $(FLOORS_VENV)/.installed
-	$(FLOORS_BIN)/python -m pytest -n auto --dist loadfile tests/gateway tests/rls -q
+	$(FLOORS_BIN)/python -m pytest -n $(JOBS) --dist load tests/gateway tests/rls -q
 
 clean:
 	rm -rf $(VENV) $(PROTOS_VENV) $(FLOORS_VENV) .mypy_cache .pytest_cache .ruff_cache site
