@@ -165,6 +165,10 @@ def test_hostile_bytes_never_raise_or_log(
             await asyncio.sleep(0)  # let the app answer what it received
         session.connection_lost(None)  # the peer vanishes, or the closed transport reports
         await asyncio.wait_for(done.wait(), 5)
+        # The app returned: the session's task ends too (none is left pending when the
+        # loop stops).
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.wait_for(asyncio.gather(*others), 5)
         return transport
 
     collect = Collect()
