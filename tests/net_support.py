@@ -70,3 +70,14 @@ def wait_started(
                 raise PortTaken(what)
             pytest.fail(f"{what} did not start (exit {proc.poll()})\n{output}")
         time.sleep(POLL_INTERVAL)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process the test started: SIGTERM, then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

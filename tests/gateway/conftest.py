@@ -16,20 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from net_support import PortTaken, free_port, listening, wait_started
+from net_support import PortTaken, free_port, listening, stop_process, wait_started
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass
@@ -138,7 +128,7 @@ class Gateway:
     def stop(self) -> None:
         """SIGTERM and wait."""
         if self.proc is not None:
-            _stop(self.proc)
+            stop_process(self.proc)
 
 
 def base_config(

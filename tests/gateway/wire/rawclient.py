@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from net_support import free_port, listening, wait_started
+from net_support import free_port, listening, stop_process, wait_started
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent.parent / "src"
@@ -183,13 +183,7 @@ class Processes:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> bool:

@@ -31,7 +31,7 @@ import pytest
 from rawclient import Connection
 from rawupstream import CLOSE, Later, RawUpstream, Request, Step
 
-from net_support import free_port, listening, wait_started
+from net_support import free_port, listening, stop_process, wait_started
 
 pytestmark = pytest.mark.slow
 
@@ -218,12 +218,7 @@ def nginx(upstream: RawUpstream, tmp_path_factory: pytest.TempPathFactory) -> It
         wait_started(lambda: listening(port), proc, "nginx")
         yield Proxy(port, "/mix")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
