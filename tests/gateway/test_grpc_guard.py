@@ -252,6 +252,17 @@ async def test_full_bulkhead_refuses_with_pushback(gateway: Gateway, upstream: U
     assert server.stats[SERVICE]["bulkhead_full"] == 1
 
 
+async def _seen_failing(channel: grpc.aio.Channel, call: asyncio.Task[bytes]) -> None:
+    # Until the gateway's channel has failed to connect (the call's first attempt
+    # refused). Polled, not waited on with wait_for_state_change: a state seen
+    # between two reads can be missed, and once the call has ended the channel
+    # goes idle and would never change again; the bound turns a miss into a failure.
+    async with asyncio.timeout(20):
+        while channel.get_state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            assert not call.done(), "the call ended before its first attempt was refused"
+            await asyncio.sleep(0.005)
+
+
 async def test_call_that_never_reached_the_upstream_is_retried(gateway: Gateway) -> None:
     """A unary call refused at connect is sent again once the upstream is up (budget paid)."""
     port = free_port()
@@ -260,8 +271,7 @@ async def test_call_that_never_reached_the_upstream_is_retried(gateway: Gateway)
     server = await gateway.start(upstream)
     channel = server.gateway.channel("echo")
     call = asyncio.create_task(unary(server, b"late"))
-    while channel.get_state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-        await channel.wait_for_state_change(channel.get_state())
+    await _seen_failing(channel, call)
     late = await Upstream(port).start()
     try:
         assert await asyncio.wait_for(call, 30) == b"echo:late"
