@@ -45,6 +45,7 @@ def overload_app() -> Any:
         limit=1,
         max_queue=2,
         max_wait=30.0,
+        standing_wait=None,  # the test holds the line on purpose, step by step
         priority={"header": "x-priority", "trust": "always"},
         status_path="/status",
         retry_after=2,

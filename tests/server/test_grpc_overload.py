@@ -80,7 +80,8 @@ def _until(predicate: Callable[[], bool]) -> None:
 
 def test_calls_are_served_in_shedding_order(serve: Callable[[Any], Server]) -> None:
     """Critical (by metadata header) first, first attempts next, retries last."""
-    control = OverloadControl(1, max_queue=5, max_wait=30)
+    # the line is held on purpose between steps in real time: no controlled delay
+    control = OverloadControl(1, max_queue=5, max_wait=30, standing_wait=None)
     interceptor = RateLimitServerInterceptor(
         overload=control, priority={"header": "x-priority", "trust": "always"}
     )

@@ -23,7 +23,9 @@ from net_support import free_port, listening, wait_started
 from stormguard import AdaptiveLimit, AdmissionControl, Priority
 from stormguard._errors import ConfigError
 from stormguard.asgi import ConcurrencyMiddleware, OverloadControl, OverloadMiddleware
+from stormguard.server._overload import Ticket
 from stormguard.server._priority import compile_priority
+from stormguard.server._refusal import Refusal
 from stormguard.server._rules import ClientAddress
 from stormguard.testing import FakeClock
 
@@ -54,6 +56,7 @@ async def test_waiters_are_served_in_shedding_order() -> None:
         limit=1,
         max_queue=10,
         max_wait=30,
+        standing_wait=None,  # the line is held on purpose between steps in real time
         key="header:X-Client",
         priority={"header": "x-priority", "trust": "always"},
     )
@@ -86,7 +89,13 @@ async def test_a_full_line_sheds_its_lowest_with_503() -> None:
     """A critical newcomer pushes the sheddable waiter out: 503 + Retry-After, shed:sheddable."""
     app = Held()
     mw = OverloadMiddleware(
-        app, limit=1, max_queue=1, max_wait=30, retry_after=4, priority=lambda s: _named(s)
+        app,
+        limit=1,
+        max_queue=1,
+        max_wait=30,
+        standing_wait=None,  # the line is held on purpose between steps in real time
+        retry_after=4,
+        priority=lambda s: _named(s),
     )
     async with client(mw) as c:
         holder = asyncio.create_task(c.get("/hold", headers={"X-Name": "holder"}))
@@ -129,6 +138,73 @@ async def test_a_wait_that_runs_out_is_concurrency_limit(clock: FakeClock) -> No
     assert refused.status_code == 503
     assert mw.control.status()["refused"] == {"concurrency_limit": 1}
     assert mw.control.waiting == 0 and len(app.entered) == 1
+
+
+async def _standing_line(
+    clock: FakeClock, **settings: Any
+) -> tuple[OverloadControl, asyncio.Task[Any], asyncio.Task[Any]]:
+    # One slot held; a first waiter joins the empty line at t=0; the line stands
+    # (never empty) for 0.2 s of virtual time; then a second waiter arrives.
+    control = OverloadControl(1, max_queue=5, max_wait=1.0, clock=clock, **settings)
+    held = await control.aenter()
+    assert not isinstance(held, Refusal)
+    first = asyncio.create_task(control.aenter())
+    await until(lambda: control.waiting == 1)
+    clock.advance(0.2)
+    second = asyncio.create_task(control.aenter())
+    await until(lambda: control.waiting == 2)
+    return control, first, second
+
+
+async def test_a_standing_line_cuts_a_newcomers_wait(clock: FakeClock) -> None:
+    """Controlled delay: once the line has not been empty for standing_after (0.1 s),
+    a newcomer waits standing_wait (5 ms), not max_wait; the first waiter keeps its
+    max_wait and gets the slot when it frees."""
+    control, first, second = await _standing_line(clock)
+    clock.advance(0.01)
+    refused = await asyncio.wait_for(second, 5)
+    assert isinstance(refused, Refusal) and refused.reason == "concurrency_limit"
+    assert not first.done() and control.waiting == 1
+    control.release(Ticket(0.0, control.rank(Priority.DEFAULT)))
+    assert isinstance(await asyncio.wait_for(first, 5), Ticket)
+
+
+async def test_without_standing_wait_every_waiter_gets_max_wait(clock: FakeClock) -> None:
+    """standing_wait=None: the second waiter still waits (virtual 0.01 s is far
+    below max_wait), and is served in turn."""
+    control, first, second = await _standing_line(clock, standing_wait=None)
+    clock.advance(0.01)
+    for _ in range(20):
+        await asyncio.sleep(0.01)  # the waiters' polls of the virtual clock
+    assert not second.done() and control.waiting == 2
+    for _ in range(2):  # each freed slot admits one of them (the newest first)
+        control.release(Ticket(0.0, control.rank(Priority.DEFAULT)))
+        await until(lambda: control.waiting < 2 and (first.done() or second.done()))
+        await until(lambda: control.in_flight == 1)
+    assert isinstance(await first, Ticket) and isinstance(await second, Ticket)
+
+
+async def test_a_line_that_drained_gives_max_wait_again(clock: FakeClock) -> None:
+    """The standing clock restarts when the line empties: after the line drained, a
+    newcomer joining it waits max_wait even though the slot stayed busy."""
+    control = OverloadControl(1, max_queue=5, max_wait=1.0, clock=clock)
+    held = await control.aenter()
+    assert isinstance(held, Ticket)
+    first = asyncio.create_task(control.aenter())
+    await until(lambda: control.waiting == 1)
+    clock.advance(0.5)
+    control.release(held)
+    held = await asyncio.wait_for(first, 5)  # the line is empty again
+    assert isinstance(held, Ticket)
+    clock.advance(0.5)
+    late = asyncio.create_task(control.aenter())
+    await until(lambda: control.waiting == 1)
+    clock.advance(0.05)  # beyond standing_wait, within max_wait
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert not late.done()
+    control.release(held)
+    assert isinstance(await asyncio.wait_for(late, 5), Ticket)
 
 
 async def test_no_waiting_refuses_at_once() -> None:
@@ -224,6 +300,8 @@ def test_priority_configuration_errors(kwargs: dict[str, Any], field: str) -> No
         ({"max_queue": -1}, "max_queue"),
         ({"admission": "yes"}, "admission"),
         ({"retry_after": 0}, "retry_after"),
+        ({"standing_wait": -0.1}, "standing_wait"),
+        ({"standing_after": "soon"}, "standing_after"),
     ],
 )
 def test_control_configuration_errors(kwargs: dict[str, Any], field: str) -> None:

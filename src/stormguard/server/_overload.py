@@ -9,6 +9,11 @@
 #      newcomer pushes the lowest waiter out of a full line. Refused because others
 #      rank higher -> 503 "shed:<class>"; the wait ran out, or nobody may wait ->
 #      503 "concurrency_limit". Every refusal carries Retry-After.
+#      While the line stands -- it has not been empty for `standing_after`
+#      seconds -- a newcomer waits at most `standing_wait` instead (controlled
+#      delay, as CoDel and Facebook's queues do it: a line that drains now and then
+#      absorbs a burst; a line that never drains is overload, and waiting in it only
+#      adds latency to the requests it admits).
 #   3. leave(): the slot goes to the best waiter; the latency feeds the adaptive
 #      limit, the outcome the admission control. release(): a request that ended
 #      without an outcome (it never ran, or its client left) gives its slot back
@@ -57,9 +62,10 @@ class Ticket(NamedTuple):
 
 
 class _Waiter:
-    __slots__ = ("event", "future", "loop", "outcome")
+    __slots__ = ("event", "future", "loop", "outcome", "wait")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.wait = 0.0  # seconds it may wait (set when it joins the line)
         self.loop = loop
         self.future: asyncio.Future[None] | None = loop.create_future() if loop else None
         self.event: threading.Event | None = None if loop else threading.Event()
@@ -102,7 +108,12 @@ class OverloadControl:
     the limit's initial value) ordered by rank -- class first (critical, default,
     sheddable), then first attempts before retries, then light clients before
     heavy ones (each client's usage decays with ``usage_half_life``). A better
-    newcomer pushes the lowest waiter out of a full line. ``admission``: an
+    newcomer pushes the lowest waiter out of a full line. While the line stands
+    (it has not been empty for ``standing_after`` seconds) a newcomer waits at
+    most ``standing_wait`` (default 5 ms, CoDel's target; never more than
+    ``max_wait``; ``None``: always ``max_wait``): a line that never drains is
+    overload, and a long wait in it only adds latency to what it admits.
+    ``admission``: an
     :class:`stormguard.AdmissionControl` (or ``True`` / its settings) refusing a
     fraction of requests as the failure rate rises. Refusals are 503 +
     ``Retry-After: retry_after`` with reason ``shed:<class>``, ``concurrency_limit``
@@ -112,6 +123,7 @@ class OverloadControl:
     __slots__ = (
         "_adaptive",
         "_clock",
+        "_empty_at",
         "_fixed",
         "_line",
         "_lock",
@@ -124,6 +136,8 @@ class OverloadControl:
         "name",
         "refused",
         "retry_after",
+        "standing_after",
+        "standing_wait",
     )
 
     def __init__(
@@ -137,6 +151,8 @@ class OverloadControl:
         retry_after: float = 1.0,
         name: str | None = None,
         clock: Clock | None = None,
+        standing_wait: float | None = 0.005,
+        standing_after: float = 0.1,
     ) -> None:
         if isinstance(limit, AdaptiveLimit):
             self._adaptive: AdaptiveLimit | None = limit
@@ -146,6 +162,11 @@ class OverloadControl:
             self._adaptive = None
             self._fixed = initial = check_count(limit, "limit")
         self.max_wait = check_number(max_wait, "max_wait")
+        if standing_wait is not None:
+            standing_wait = min(self.max_wait, check_number(standing_wait, "standing_wait"))
+        self.standing_wait: float | None = standing_wait
+        self.standing_after = check_number(standing_after, "standing_after")
+        self._empty_at = -math.inf  # when the line last went from empty to waited in
         if max_queue is None:
             max_queue = initial if self.max_wait > 0 else 0
         self._line = ShedLine(max_queue=max_queue if self.max_wait > 0 else 0)
@@ -212,6 +233,7 @@ class OverloadControl:
             )
         waiter = _Waiter(loop) if self.max_wait > 0 else None
         with self._lock:
+            empty = self._line.waiting == 0
             verdict, evicted = self._line.arrive(waiter, rank, self.limit)
             if verdict is ADMITTED:
                 self.admitted += 1
@@ -221,8 +243,21 @@ class OverloadControl:
                 evicted.wake()
             elif verdict is not QUEUED:
                 return self._full() if waiter is None else self._shed(rank)
-        assert waiter is not None
+            assert waiter is not None
+            waiter.wait = self._wait_of(empty)
         return waiter
+
+    def _wait_of(self, empty: bool) -> float:
+        # How long a newcomer joining the line may wait (under the lock): max_wait,
+        # or standing_wait once the line has stood for standing_after seconds.
+        standing = self.standing_wait
+        if standing is None:
+            return self.max_wait
+        now = self._monotonic()
+        if empty:
+            self._empty_at = now
+            return self.max_wait
+        return standing if now - self._empty_at >= self.standing_after else self.max_wait
 
     def _settle(self, waiter: _Waiter, rank: Rank) -> Ticket | Refusal:
         # The wait ended (woken or timed out): granted, evicted, or out of line.
@@ -251,7 +286,8 @@ class OverloadControl:
         attempt: int = 1,
         client: str | None = None,
     ) -> Ticket | Refusal:
-        """Admit a request (waiting up to ``max_wait``): its Ticket, or a Refusal (503)."""
+        """Admit a request (waiting up to ``max_wait``, or ``standing_wait`` while the
+        line stands): its Ticket, or a Refusal (503)."""
         rank = self.rank(priority, attempt, client)
         arrived = self._arrive(rank, asyncio.get_running_loop() if self.max_wait > 0 else None)
         if not isinstance(arrived, _Waiter):
@@ -259,13 +295,13 @@ class OverloadControl:
         future = arrived.future
         assert future is not None
         start = self._monotonic()
-        left = self.max_wait
+        left = wait = arrived.wait
         try:
             while left > 0 and not future.done():
                 try:
                     await asyncio.wait_for(asyncio.shield(future), min(left, self._poll))
                 except TimeoutError:
-                    left = start + self.max_wait - self._monotonic()
+                    left = start + wait - self._monotonic()
         except BaseException:
             self._abandon(arrived)
             raise
@@ -285,9 +321,9 @@ class OverloadControl:
         event = arrived.event
         assert event is not None
         start = self._monotonic()
-        left = self.max_wait
+        left = wait = arrived.wait
         while left > 0 and not event.wait(min(left, self._poll)):
-            left = start + self.max_wait - self._monotonic()
+            left = start + wait - self._monotonic()
         return self._settle(arrived, rank)
 
     # -- leaving ----------------------------------------------------------------

@@ -39,9 +39,10 @@ class OverloadMiddleware:
 
     ``limit``: requests in flight at most -- a number or an
     :class:`stormguard.AdaptiveLimit`; ``max_wait`` / ``max_queue``: how long and
-    how many wait for a slot; ``admission``: an :class:`stormguard.AdmissionControl`
-    (or ``True`` / its settings). Or pass a ready ``control``
-    (:class:`OverloadControl`) shared with other front ends.
+    how many wait for a slot (``standing_wait`` once the line has not been empty
+    for ``standing_after`` seconds: see :class:`OverloadControl`); ``admission``:
+    an :class:`stormguard.AdmissionControl` (or ``True`` / its settings). Or pass
+    a ready ``control`` (:class:`OverloadControl`) shared with other front ends.
 
     A request's class (critical, default, sheddable) comes from ``priority`` -- a
     callable of the scope, or ``{"header": NAME, "trust": "proxies" | "always"}``
@@ -73,6 +74,8 @@ class OverloadMiddleware:
         status_path: str | None = None,
         metrics_path: str | None = None,
         clock: Clock | None = None,
+        standing_wait: float | None = 0.005,
+        standing_after: float = 0.1,
     ) -> None:
         self.app = app
         self.control = control or OverloadControl(
@@ -82,6 +85,8 @@ class OverloadMiddleware:
             admission=admission,
             retry_after=retry_after,
             clock=clock,
+            standing_wait=standing_wait,
+            standing_after=standing_after,
         )
         address = ClientAddress.of(trusted_proxies)
         self.classify = compile_priority(priority, routes=routes, address=address, default=default)
