@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -28,6 +29,8 @@ from stormguard.gateway._grpc_routes import CLIENT_KEY, GrpcRoute, RefuseWith
 from stormguard.gateway._grpc_server import GrpcProxyServer, start_grpc_proxy
 from stormguard.gateway._upstream import UpstreamPool
 from stormguard.server._decide import RuleSet
+from stormguard.server._overload import Ticket
+from stormguard.server._priority import compile_priority
 from stormguard.server._rules import Rule
 from stormguard.stores import AsyncRedisStore, MemoryStore
 from stormguard.testing import FakeClock
@@ -48,11 +51,13 @@ class Gateway:
         limits: RuleSet | None = None,
         refuse_with: RefuseWith = "unavailable",
         client_keys: Sequence[str] = ("header:x-api-key", "ip"),
+        classify: Any = None,
     ) -> GrpcProxyServer:
         """A proxy routing ``test.Echo`` to ``upstream`` with ``limits``."""
+        route = GrpcRoute(SERVICE, upstream.name, limits, refuse_with, classify=classify)
         server = await start_grpc_proxy(
             "127.0.0.1:0",
-            routes=[GrpcRoute(SERVICE, upstream.name, limits, refuse_with)],
+            routes=[route],
             upstreams={upstream.name: upstream},
             client_keys=client_keys,
         )
@@ -414,3 +419,26 @@ async def test_access_log_line_names_policy_status_and_hashed_client(
     ]
     assert {line["client"] for line in lines} == {client_id("h:x-api-key:secret-key")}
     assert "secret-key" not in caplog.text
+
+
+async def test_overload_control_refuses_with_unavailable_and_pushback(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    """The priority and overload stage on the gRPC leg: with the upstream's one slot
+    held, a call is refused UNAVAILABLE + grpc-retry-pushback-ms (retry_after), and
+    never reaches the upstream; once the slot is free the next call goes through."""
+    upstream_pool = pool(upstream.target, overload={"limit": 1, "max_wait": 0, "retry_after": 3})
+    control = upstream_pool.overload
+    assert control is not None
+    server = await gateway.start(upstream_pool, classify=compile_priority(None))
+    held = await control.aenter()
+    assert isinstance(held, Ticket)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await unary(server, b"shed")
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailer(caught.value.trailing_metadata(), PUSHBACK) == "3000"
+    assert control.refused["concurrency_limit"] == 1
+    control.release(held)
+    assert await unary(server, b"after") == b"echo:after"
+    assert [seen.requests for seen in upstream.seen] == [[b"after"]]
+    assert control.in_flight == 0 and control.admitted == 2

@@ -239,6 +239,60 @@ class RetrySettings(_Model):
     budget: Annotated[float, Field(ge=0, le=1)] = 0.1
 
 
+def _keywords(build: Any, what: str) -> Any:
+    # A setting that is True (the defaults) or a mapping of `build`'s keywords,
+    # checked by building it once, so that the object's own checks name the key.
+    def check(value: Any) -> Any:
+        if value is None or value is False:
+            return None
+        if value is True:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be true or a mapping of {what} settings, got {value!r}")
+        try:
+            build(**value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None  # "key: what is wrong"
+        except TypeError:
+            unknown = sorted(str(k) for k in value if k not in _parameters(build))
+            raise ValueError(f"unknown key {unknown[0]!r} ({what} settings)") from None
+        return dict(value)
+
+    return check
+
+
+def _parameters(build: Any) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(build).parameters)
+
+
+def _adaptive(**settings: Any) -> Any:
+    from ..protection._adaptive import AdaptiveLimit
+
+    return AdaptiveLimit(**settings)
+
+
+def _admission(**settings: Any) -> Any:
+    from ..protection._admission_control import AdmissionControl
+
+    return AdmissionControl(**settings)
+
+
+class OverloadSettings(_Model):
+    """The upstream's overload control (server/_overload.OverloadControl): a
+    concurrency ``limit`` (fixed; or ``adaptive``'s), a line of at most ``max_queue``
+    waiters in shedding order waiting ``max_wait`` (``standing_wait`` once the line
+    has not drained for ``standing_after``), refusals 503 + ``Retry-After``."""
+
+    limit: Annotated[int, Field(ge=1)] | None = None
+    max_wait: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.05
+    max_queue: Annotated[int, Field(ge=0)] | None = None
+    standing_wait: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.005
+    standing_after: Seconds = 0.1
+    retry_after: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 1.0
+
+
 class EjectSettings(_Model):
     """Passive ejection: a target failing ``failures`` times in a row rests ``duration`` s."""
 
@@ -307,6 +361,21 @@ class Upstream(_Model):
     retries: RetrySettings | None = None
     eject: EjectSettings = Field(default_factory=lambda: EjectSettings.model_validate({}))
     tls: UpstreamTLS | None = None
+    # Overload control (docs/overload.md): an AdaptiveLimit's and an
+    # AdmissionControl's keywords (or true), and the line's settings.
+    adaptive: dict[str, Any] | None = None
+    admission: dict[str, Any] | None = None
+    overload: OverloadSettings | None = None
+
+    @field_validator("adaptive", mode="before")
+    @classmethod
+    def _check_adaptive(cls, value: Any) -> Any:
+        return _keywords(_adaptive, "adaptive limit")(value)
+
+    @field_validator("admission", mode="before")
+    @classmethod
+    def _check_admission(cls, value: Any) -> Any:
+        return _keywords(_admission, "admission control")(value)
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -319,7 +388,22 @@ class Upstream(_Model):
             raise ValueError(f"targets must share one scheme, got {', '.join(sorted(schemes))}")
         if self.tls is not None and not schemes <= {"https", "wss"}:
             raise ValueError("'tls' applies to https:// (or wss://) targets only")
+        overload = self.overload
+        if overload is not None and overload.limit is not None and self.adaptive is not None:
+            raise ValueError("give 'overload.limit' (fixed) or 'adaptive', not both")
+        if (
+            overload is not None
+            and overload.limit is None
+            and self.adaptive is None
+            and self.admission is None
+        ):
+            raise ValueError("'overload' needs a 'limit', or 'adaptive' or 'admission' beside it")
         return self
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether the upstream has overload control (a limit, adaptive or admission)."""
+        return self.overload is not None or self.adaptive is not None or self.admission is not None
 
     @property
     def all_targets(self) -> list[str]:
@@ -411,6 +495,14 @@ class WebSocketSettings(_Model):
     max_message: Annotated[int, Field(ge=1)] = 1 << 20
 
 
+class PriorityHeader(_Model):
+    """The header naming a request's priority class, believed from ``trusted_proxies``
+    only (``clients.trusted_proxies``) unless ``trust: always``."""
+
+    header: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")]
+    trust: Literal["proxies", "always"] = "proxies"
+
+
 class Route(_Model):
     """One route: an HTTP ``path`` prefix (+ methods, + host) or a ``grpc`` service."""
 
@@ -425,6 +517,9 @@ class Route(_Model):
     websocket: WebSocketSettings | None = None
     refuse_with: Literal["unavailable", "resource_exhausted"] = "unavailable"
     max_body: Annotated[int, Field(ge=0)] | None = None
+    # The route's priority class under overload (the top-level `priority` header,
+    # when believed, names another).
+    priority: Literal["critical", "default", "sheddable"] = "default"
 
     @field_validator("on_limit", mode="before")
     @classmethod
@@ -499,6 +594,9 @@ class GatewayConfig(_Model):
     access_log: bool = True
     shadow: bool = False
     store_max_keys: Annotated[int, Field(ge=1)] | None = None
+    # Where a request's priority class comes from besides its route:
+    # {header: NAME, trust: proxies | always} (server/_priority.py).
+    priority: PriorityHeader | None = None
 
     @field_validator("store")
     @classmethod

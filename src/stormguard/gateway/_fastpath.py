@@ -13,7 +13,7 @@
 # identify, limit_refusal, the pool's enter (its lock-free gate) or admit_now,
 # request/response_headers, account. A request
 # that is anything else -- a body, a WebSocket, an idempotent or shaped route,
-# Concurrency limits, retries, a store that must be awaited, no idle connection,
+# Concurrency limits, retries, overload control, a store that must be awaited, no idle connection,
 # a breaker or bulkhead that refuses or would make it wait -- is handed to the
 # ASGI path (handle_http) *before* anything was taken, so it is decided there once.
 from __future__ import annotations
@@ -64,6 +64,7 @@ def _mode(route: CompiledRoute) -> int:
         or route.delay is not None
         or route.leased
         or pool.attempts != 1
+        or pool.overload is not None  # the priority and overload stage may make it wait
     ):
         return ASGI
     return NOW if (rules is None or rules.in_memory) and not pool._shared else AWAIT

@@ -35,8 +35,10 @@ import grpc
 import grpc.aio
 
 from .._errors import CircuitOpen
+from ..core._attempts import attempt_from
 from ..core._engine import Outcome
 from ..server._grpc import PUSHBACK, _CallView, _pushback_ms
+from ..server._overload import Ticket
 from ..server._refusal import Refusal
 from ._clients import ClientIdentity, client_id
 from ._grpc_proxy import (
@@ -59,6 +61,12 @@ __all__ = ["PUSHBACK", "GrpcGateway", "Record", "pushback"]
 
 BUSY_RETRY_AFTER = 1.0  # the wait a full bulkhead suggests when it names none
 _BREAKER_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# What admission control counts as the upstream failing a call (the HTTP leg's 5xx).
+_SERVER_FAILURES = _BREAKER_FAILURES | {
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DATA_LOSS,
+}
 # record(route, outcome, client key): one call per routed call.
 Record = Callable[[str, str, str], None]
 access_log = logging.getLogger("stormguard.gateway.access")
@@ -248,10 +256,47 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             refuse(context, ex.code, "rate limited", pushback(decision.retry_after))
             return
         try:
-            await self._admit(route, method, context, view, ex)
+            await self._overloaded(route, method, context, view, ex)
         finally:
             if decision is not None and route.leased:
                 await route.release(decision, view)
+
+    async def _overloaded(
+        self,
+        route: GrpcRoute,
+        method: str,
+        context: grpc.aio.ServicerContext[bytes, bytes],
+        view: _CallView,
+        ex: _Exchange,
+    ) -> None:
+        # The priority and overload stage (the HTTP leg's, _proxy._overload): the
+        # call's class, attempt number (grpc-previous-rpc-attempts ...) and client
+        # rank it in the upstream's line; a refusal is UNAVAILABLE + pushback.
+        control = self.upstreams[route.upstream].overload
+        if control is None or route.classify is None:
+            await self._admit(route, method, context, view, ex)
+            return
+        priority = route.classify(view, method)
+        ticket = await control.aenter(priority, attempt_from(view.header), ex.client)
+        if not isinstance(ticket, Ticket):
+            ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, ticket.reason
+            detail = ticket.reason.replace("_", " ")
+            refuse(context, ex.code, detail, pushback(ticket.retry_after or BUSY_RETRY_AFTER))
+            return
+        try:
+            reached = await self._admit(route, method, context, view, ex)
+        except BaseException:
+            if ex.code is grpc.StatusCode.CANCELLED:
+                control.release(ticket)  # its client left: nothing learnt
+            else:
+                control.leave(ticket, failed=True, measured=False)
+            raise
+        code = ex.code
+        if not reached or code is grpc.StatusCode.CANCELLED:
+            control.release(ticket)
+        else:
+            dropped = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            control.leave(ticket, failed=code in _SERVER_FAILURES, dropped=dropped)
 
     async def _admit(
         self,
@@ -260,19 +305,20 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[bytes, bytes],
         view: _CallView,
         ex: _Exchange,
-    ) -> None:
+    ) -> bool:
+        # The upstream guard, then the call; False: the guard refused (answered).
         pool = self.upstreams[route.upstream]
         try:
             admission = await pool.admit(ex.client)
         except CircuitOpen as exc:
             ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, "breaker_open"
             refuse(context, ex.code, "circuit open", pushback(exc.remaining))
-            return
+            return False
         if isinstance(admission, Refusal):  # the bulkhead is full (the HTTP leg's 503)
             ex.code, ex.outcome = grpc.StatusCode.UNAVAILABLE, admission.reason
             wait = admission.retry_after or BUSY_RETRY_AFTER
             refuse(context, ex.code, admission.reason.replace("_", " "), pushback(wait))
-            return
+            return False
         permit = admission.permit
         try:
             metadata = forwarded_for(
@@ -305,6 +351,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             failed = result.code in _BREAKER_FAILURES and not _has_pushback(result.trailers)
             await permit.arecord(failure=failed)
         finish(context, result)
+        return True
 
     async def _call(
         self,

@@ -72,6 +72,9 @@ class GrpcRoute:
     upstream: str
     rules: RuleSet | None = None
     refuse_with: RefuseWith = "unavailable"
+    # The call's priority class (view, method) -> Priority, when the upstream has
+    # overload control (the HTTP routes' classify: route class, priority header).
+    classify: Any = field(default=None, compare=False)
     # Concurrency limits by name: their slots are given back when the call ends.
     leased: dict[str, Any] = field(init=False, repr=False, compare=False)
 

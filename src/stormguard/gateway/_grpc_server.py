@@ -93,7 +93,15 @@ def grpc_routes(runtime: Runtime, instances: int) -> list[GrpcRoute]:
         if route.grpc is not None:
             # The HTTP leg's compiler builds the route's RuleSet on the runtime's store.
             compiled = runtime._compile(route, config, instances)
-            routes.append(GrpcRoute(route.grpc, route.upstream, compiled.rules, route.refuse_with))
+            routes.append(
+                GrpcRoute(
+                    route.grpc,
+                    route.upstream,
+                    compiled.rules,
+                    route.refuse_with,
+                    classify=compiled.classify,
+                )
+            )
     return routes
 
 

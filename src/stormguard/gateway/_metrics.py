@@ -102,6 +102,19 @@ _GAUGES = {
         ("upstream",),
         "livemax",
     ),
+    "overload_limit": (
+        "overload_limit",
+        "Overload control: requests that may be in flight to an upstream now (the "
+        "adaptive limit follows latency; summed over workers).",
+        ("upstream",),
+        "livesum",
+    ),
+    "overload_waiting": (
+        "overload_waiting",
+        "Overload control: requests waiting in an upstream's line now.",
+        ("upstream",),
+        "livesum",
+    ),
     "websockets": (
         "websocket_connections",
         "Open WebSocket connections by route.",
@@ -130,6 +143,8 @@ class GatewayMetrics:
     in_flight: Gauge
     bulkhead_limit: Gauge
     breaker: Gauge
+    overload_limit: Gauge
+    overload_waiting: Gauge
     websockets: Gauge
     store_down: Gauge
 
@@ -372,6 +387,11 @@ class StatusBuilder:
         for s in samples.get("stormguard_gateway_upstream_in_flight", []):
             if s.labels.get("upstream") in upstreams:
                 upstreams[s.labels["upstream"]]["in_flight"] = int(s.value)
+        for field in ("limit", "waiting"):
+            for s in samples.get(f"stormguard_gateway_overload_{field}", []):
+                facts = upstreams.get(s.labels.get("upstream", ""))
+                if facts is not None and "overload" in facts:
+                    facts["overload"] = {**facts["overload"], field: int(s.value)}
         buckets: dict[str, list[tuple[float, float]]] = {}
         for s in samples.get("stormguard_gateway_upstream_latency_seconds_bucket", []):
             buckets.setdefault(s.labels["upstream"], []).append((float(s.labels["le"]), s.value))

@@ -1,8 +1,9 @@
 # The HTTP proxy leg: one request through the gateway, in order --
 #
 #   route match -> client key -> size cap (413) -> limits, one store call
-#   (429, or shaping: hold at most `delay` s) -> idempotency -> breaker (503) ->
-#   bulkhead (503) -> upstream attempt(s) -> stream the answer back.
+#   (429, or shaping: hold at most `delay` s) -> idempotency -> priority and
+#   overload control (503: shed:<class>, concurrency_limit, admission_control) ->
+#   breaker (503) -> bulkhead (503) -> upstream attempt(s) -> stream the answer back.
 #
 # Retries: the upstream attempts are run by the retry conversation the clients
 # use (core/_engine.Conversation, driven by _retries.py): only failures the client
@@ -28,8 +29,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .._errors import CircuitOpen
+from ..core._attempts import attempt_from
 from ..core._engine import Outcome
 from ..server._idempotency import IdempotencyMiddleware
+from ..server._overload import OverloadControl, Ticket
 from ..server._refusal import Refusal, rate_limited, send_refusal, unavailable
 from ..server._types import Message, Receive, Scope, Send
 from ..server._view import ScopeView
@@ -310,9 +313,53 @@ async def _to_upstream(
     except _ClientGone:
         ex.outcome, ex.status = "client_gone", 499
         return
+    control = pool.overload
+    if control is None:
+        await _guarded(rt, pool, scope, receive, send, ex, body)
+        return
+    ticket = await _overload(control, route, scope, ex)
+    if not isinstance(ticket, Ticket):
+        await _refuse(send, ex, ticket)
+        return
+    try:
+        reached = await _guarded(rt, pool, scope, receive, send, ex, body)
+    except BaseException:
+        control.leave(ticket, failed=True, measured=False)
+        raise
+    if not reached or ex.outcome == "client_gone":
+        control.release(ticket)  # refused by the guard, or its client left: nothing learnt
+    else:
+        status = ex.status
+        dropped = status == 503 or ex.outcome == "upstream_timeout"
+        control.leave(ticket, failed=status >= 500, dropped=dropped)
+
+
+async def _overload(
+    control: OverloadControl, route: CompiledRoute, scope: Scope, ex: _Exchange
+) -> Ticket | Refusal:
+    # The priority and overload stage: the request's class (route, or the trusted
+    # priority header), its attempt number (Retry-Attempt and the peers' headers)
+    # and its client rank it in the upstream's line (server/_overload.py).
+    assert route.classify is not None
+    view = ScopeView(scope)
+    priority = route.classify(view, scope["path"])
+    return await control.aenter(priority, attempt_from(view.header), ex.client or None)
+
+
+async def _guarded(
+    rt: Runtime,
+    pool: UpstreamPool,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    ex: _Exchange,
+    body: bytes | _Stream | None,
+) -> bool:
+    # The upstream guard (breaker, bulkhead), then the attempts; False: the guard
+    # refused (answered), nothing went upstream.
     admission = await _admit(pool, send, ex)
     if admission is None:
-        return
+        return False
     task = asyncio.current_task()
     assert task is not None
 
@@ -349,6 +396,7 @@ async def _to_upstream(
         if watcher:
             watcher[0].cancel()
         pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)
+    return True
 
 
 class _Done:

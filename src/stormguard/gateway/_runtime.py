@@ -30,7 +30,8 @@ from ..core._limiters import (
 )
 from ..protection._permit import BreakerEvent
 from ..server._decide import RuleSet
-from ..server._rules import Rule
+from ..server._priority import Classify, compile_priority
+from ..server._rules import ClientAddress, Rule
 from ..stores import MemoryStore, from_url
 from ._accesslog import AccessLog
 from ._clients import ClientIdentity
@@ -84,6 +85,7 @@ class CompiledRoute:
     max_body: int
     websocket: WebSocketSettings | None
     leased: dict[str, Any]  # limit name -> limiter, for Concurrency limits
+    classify: Classify | None = None  # the request's priority class (overload control)
     idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
     callback: int | None = None  # how the callback path serves it (_fastpath.py); None: not asked
 
@@ -144,7 +146,11 @@ class Runtime:
                 self.upstreams[name] = old
             else:
                 self.upstreams[name] = UpstreamPool(
-                    name, settings, store=shared, on_breaker_event=self._breaker_event
+                    name,
+                    settings,
+                    store=shared,
+                    on_breaker_event=self._breaker_event,
+                    instances=instances,
                 )
             h = settings.bulkhead
             metrics.bulkhead_limit.labels(name).set(h.limit if h else 0)
@@ -191,6 +197,15 @@ class Runtime:
                 if isinstance(rule.algorithm, Concurrency)
             }
         on_limit = route.on_limit
+        pool = self.upstreams[route.upstream]
+        classify = None
+        if pool.overload is not None:  # the priority and overload stage runs for it
+            header = config.priority
+            classify = compile_priority(
+                None if header is None else header.model_dump(),
+                address=ClientAddress.of(config.clients.trusted_proxies),
+                default=route.priority,
+            )
         return CompiledRoute(
             config=route,
             name=route.name,
@@ -203,6 +218,7 @@ class Runtime:
             max_body=route.max_body if route.max_body is not None else config.max_body,
             websocket=route.websocket,
             leased=leased,
+            classify=classify,
         )
 
     def _shadow_hook(self, route: str) -> Any:
@@ -247,6 +263,10 @@ class Runtime:
         for name, pool in self.upstreams.items():
             m.breaker.labels(name).set(BREAKER_CODES.get(await pool.breaker_state(), 0.0))
             m.in_flight.labels(name).set(pool.in_flight)
+            control = pool.overload
+            if control is not None:
+                m.overload_limit.labels(name).set(control.limit)
+                m.overload_waiting.labels(name).set(control.waiting)
         if self.routes and self.routes[0].rules is not None:
             m.store_down.set(1.0 if self.routes[0].rules.store_down else 0.0)
         self._count_evictions()

@@ -43,6 +43,7 @@ def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
             "targets": up.all_targets,
             "bulkhead_limit": h.limit if h else None,
             "bulkhead_per_client": h.per_client if h else None,
+            **({"overload": _overload_facts(up)} if up.overloaded else {}),
             # route name -> protocol, for the dashboard's per-upstream panels
             "routes": {
                 r.name: "grpc" if r.grpc else "websocket" if r.websocket else "http"
@@ -51,6 +52,19 @@ def _facts(config: GatewayConfig) -> dict[str, dict[str, Any]]:
             },
         }
     return out
+
+
+def _overload_facts(up: Any) -> dict[str, Any]:
+    # /status "overload" of an upstream: what is configured; "limit" and "waiting"
+    # are filled in from the gauges (summed over workers).
+    line = up.overload
+    return {
+        "adaptive": up.adaptive is not None,
+        "admission": up.admission is not None,
+        "max_wait": line.max_wait if line is not None else 0.05,
+        "limit": None,
+        "waiting": 0,
+    }
 
 
 def _listener(config: GatewayConfig) -> dict[str, Any]:

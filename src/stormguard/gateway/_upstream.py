@@ -21,6 +21,7 @@ from ..protection import CircuitBreaker, RetryBudget
 from ..protection._bulkhead import Bulkhead
 from ..protection._permit import BreakerEvent, Permit
 from ..server._admission import Admission
+from ..server._overload import OverloadControl
 from ..server._refusal import Refusal
 from ._config import Upstream as UpstreamSettings
 from ._h1client import H1Pool
@@ -71,6 +72,46 @@ class Holder(Protocol):
     def client(self) -> str | None: ...
 
 
+def overload_of(settings: UpstreamSettings, name: str, instances: int) -> OverloadControl | None:
+    """The upstream's overload control (priority and overload stage), or None.
+
+    The limit is per process: an adaptive limit follows the latency this process
+    measures, and with ``instances`` processes (the fleet's ``instances``, else
+    the gateway's workers) its bounds are divided by them (docs/overload.md: why
+    a fleet divides rather than shares). Admission control alone leaves the
+    concurrency unbounded.
+    """
+    if not settings.overloaded:
+        return None
+    from ..protection._adaptive import AdaptiveLimit
+    from ..protection._admission_control import AdmissionControl
+
+    line = settings.overload
+    limit: int | AdaptiveLimit
+    if settings.adaptive is not None:
+        limit = AdaptiveLimit(**{"instances": instances, **settings.adaptive})
+    elif line is not None and line.limit is not None:
+        limit = line.limit
+    else:
+        limit = _UNBOUNDED
+    admission = AdmissionControl(**settings.admission) if settings.admission is not None else None
+    if line is None:
+        return OverloadControl(limit, admission=admission, name=name)
+    return OverloadControl(
+        limit,
+        max_queue=line.max_queue,
+        max_wait=line.max_wait,
+        admission=admission,
+        retry_after=line.retry_after,
+        name=name,
+        standing_wait=line.standing_wait,
+        standing_after=line.standing_after,
+    )
+
+
+_UNBOUNDED = 1 << 30  # admission control alone: no concurrency bound
+
+
 class UpstreamPool:
     """An upstream's targets, connection pool and protection (built from its settings)."""
 
@@ -81,6 +122,7 @@ class UpstreamPool:
         *,
         store: Any = None,
         on_breaker_event: Callable[[BreakerEvent], None] | None = None,
+        instances: int = 1,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -135,6 +177,7 @@ class UpstreamPool:
         self.client = H1Pool(limit, settings.timeout, tls=self.tls, server_name=self.server_name)
         self._session: aiohttp.ClientSession | None = None
         self._gate = self._quick_gate()
+        self.overload = overload_of(settings, name, instances)
 
     # -- admission -----------------------------------------------------------------
 
