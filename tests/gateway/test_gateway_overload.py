@@ -203,3 +203,25 @@ def test_without_a_believed_header_the_route_class_decides(
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert answers["holder"].status_code == answers["waiter"].status_code == 200
     assert gw.status()["routes"]["/bulk"].get("shed:sheddable") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "top", "warned"),
+    [
+        ("overload: {limit: 2}", "priority: {header: x-priority, trust: always}", "trust: always"),
+        ("", "priority: {header: x-priority}", "no upstream has overload control"),
+        ("overload: {limit: 2}", "priority: {header: x-priority}", None),
+    ],
+)
+def test_check_warns_about_a_priority_anyone_can_claim(
+    extra: str, top: str, warned: str | None
+) -> None:
+    """`gateway check`'s warnings: a header believed from anyone, a class never used."""
+    from stormguard.gateway._config import config_warnings
+
+    config = parse_config(_BASE.format(extra=extra) + top + "\n", fmt="yaml")
+    found = [line for line in config_warnings(config) if line.startswith("priority")]
+    if warned is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and warned in found[0]

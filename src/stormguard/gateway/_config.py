@@ -919,13 +919,26 @@ def _tls_problems(config: GatewayConfig) -> list[tuple[FieldPath, str]]:
 
 def config_warnings(config: GatewayConfig) -> list[str]:
     """What is valid but unsafe (``gateway check`` prints these): an upstream whose
-    TLS certificate is not verified."""
-    return [
+    TLS certificate is not verified; a priority header believed from anyone."""
+    warnings = [
         f"upstreams.{name}.tls.verify: false: the upstream's certificate and name are "
         "not checked (anyone on the path can answer for it)"
         for name, upstream in config.upstreams.items()
         if upstream.tls is not None and not upstream.tls.verify
     ]
+    priority = config.priority
+    if priority is not None and priority.trust == "always":
+        warnings.append(
+            f"priority.trust: always: any client can send {priority.header}: critical "
+            "and be served before everyone else under overload (trust: proxies believes "
+            "clients.trusted_proxies only)"
+        )
+    if priority is not None and not any(u.overloaded for u in config.upstreams.values()):
+        warnings.append(
+            "priority: no upstream has overload control (adaptive, admission or "
+            "overload.limit), so the class is never used"
+        )
+    return warnings
 
 
 def check_workers(config: GatewayConfig, workers: int, source: str = "<config>") -> None:
