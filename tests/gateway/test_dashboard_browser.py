@@ -168,6 +168,35 @@ def test_dashboard_shows_breaker_open_refusals_and_recovery(
     assert page.errors == []
 
 
+def test_dashboard_shows_the_overload_limit(
+    page: Any, upstream_factory: Factory, gateway_factory: Factory
+) -> None:
+    """An upstream under overload control shows its limit and line; one without says off."""
+    up = upstream_factory("orders")
+    gw = gateway_factory(
+        {
+            "access_log": False,
+            "upstreams": {
+                "orders": {"url": up.url, "overload": {"limit": 7}, "admission": True},
+                "plain": {"url": up.url},
+            },
+            "routes": [
+                {"path": "/api", "upstream": "orders"},
+                {"path": "/other", "upstream": "plain"},
+            ],
+        }
+    )
+    page.goto(f"http://127.0.0.1:{gw.admin_port}/dashboard")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-stat=\"overload\"]')]"
+        ".some((d) => d.innerText.startsWith('7,'))",
+        timeout=30_000,
+    )
+    texts = sorted(d.inner_text() for d in page.query_selector_all('[data-stat="overload"]'))
+    assert texts == ["7, 0 waiting, admission control", "off"]
+    assert page.errors == []
+
+
 # What the charts show, read from the drawing (the pinned data-chart hooks):
 # a series' values and the height of its drawn line, and the breaker band's runs.
 _CHART_STATE = """([answers, refusals, band]) => {

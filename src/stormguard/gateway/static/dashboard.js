@@ -19,6 +19,11 @@ const REASON_TEXT = {
   upstream_error: "upstream error (not a refusal)",
   not_found: "no route",
   client_gone: "client went away",
+  concurrency_limit: "overloaded: concurrency limit",
+  admission_control: "overloaded: admission control",
+  "shed:critical": "shed (critical)",
+  "shed:default": "shed (default)",
+  "shed:sheddable": "shed (sheddable)",
 };
 
 // Outcomes that are not the gateway refusing anything: kept out of the refusal tables.
@@ -82,7 +87,7 @@ function upstreamCard(name) {
   const dd = {};
   const stats = el("dl", { class: "stats" });
   for (const [key, label] of [["rate", "Answers/s"], ["latency", "Latency p50 / p99"],
-    ["bulkhead", "Bulkhead in flight"], ["protocols", "Routes"]]) {
+    ["bulkhead", "Bulkhead in flight"], ["overload", "Overload limit"], ["protocols", "Routes"]]) {
     dd[key] = el("dd", { "data-stat": key }, "–");
     stats.append(el("dt", {}, label), dd[key]);
   }
@@ -128,6 +133,10 @@ function drawUpstreams(status) {
     card.used.textContent = limit ? ` ${up.in_flight} of ${limit}` : ` ${up.in_flight} (no bulkhead)`;
     card.meter.max = String(limit || 1);
     card.meter.value = String(Math.min(up.in_flight, limit || 1));
+    const over = up.overload;
+    card.dd.overload.textContent = !over ? "off"
+      : `${over.limit ?? "–"}${over.adaptive ? " (adaptive)" : ""}, ${over.waiting} waiting`
+        + (over.admission ? ", admission control" : "");
     const kinds = up.routes || {};
     card.dd.protocols.textContent = Object.entries(kinds).map(([r, k]) => `${r} (${k})`).join(", ") || "–";
     const totals = {};
