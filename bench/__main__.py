@@ -28,6 +28,7 @@ BENCHMARKS = {
     "rls-instructions": "bench.bench_rls_instructions",
     "store-scale": "bench.bench_store_scale",
     "overload": "bench.bench_overload",
+    "overload-gateway": "bench.bench_overload_gateway",
 }
 
 

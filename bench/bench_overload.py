@@ -68,7 +68,9 @@ MAX_WAIT = SERVICE / 2  # a waiter waits at most half a service time (see docs/o
 LEVELS = (0.5, 1.0, 1.5, 2.0, 3.0)
 ATTEMPTS = 3
 
-Contender = Callable[[], AbstractContextManager[str]]
+# A contender starts its server(s) and yields (the URL the load goes to, the URL of
+# the measured upstream app: the same, or the one behind a gateway).
+Contender = Callable[[], AbstractContextManager[tuple[str, str]]]
 
 
 # -- the upstream (runs in the server process) ------------------------------------
@@ -173,13 +175,14 @@ def asgi_contender(
     """The upstream under uvicorn, with (``on``) or without (``off``) overload control."""
 
     @contextmanager
-    def start() -> Iterator[str]:
+    def start() -> Iterator[tuple[str, str]]:
         port = _free_port()
         cmd = [sys.executable, "-m", "bench.bench_overload", "serve", "--mode", mode]
         cmd += ["--port", str(port), "--slots", str(slots), "--service", str(service)]
         cmd += ["--max-wait", str(max_wait)]
         with _process(cmd, port):
-            yield f"http://127.0.0.1:{port}"
+            url = f"http://127.0.0.1:{port}"
+            yield url, url
 
     return start
 
@@ -192,8 +195,8 @@ def gateway_contender(config: str, slots: int = SLOTS, service: float = SERVICE)
     """
 
     @contextmanager
-    def start() -> Iterator[str]:
-        with asgi_contender("off", slots, service)() as upstream:
+    def start() -> Iterator[tuple[str, str]]:
+        with asgi_contender("off", slots, service)() as (upstream, _):
             port = _free_port()
             text = config.replace("{listen}", f"127.0.0.1:{port}").replace("{upstream}", upstream)
             with tempfile.TemporaryDirectory() as tmp:
@@ -202,7 +205,7 @@ def gateway_contender(config: str, slots: int = SLOTS, service: float = SERVICE)
                 command = Path(sys.executable).with_name("stormguard")
                 cmd = [str(command), "gateway", "--config", str(path)]
                 with _process(cmd, port):
-                    yield f"http://127.0.0.1:{port}"
+                    yield f"http://127.0.0.1:{port}", upstream
 
     return start
 
@@ -210,6 +213,8 @@ def gateway_contender(config: str, slots: int = SLOTS, service: float = SERVICE)
 GATEWAY_OFF = """\
 listen:
   http: {listen}
+  admin: null
+access_log: false
 upstreams:
   app:
     url: {upstream}
@@ -218,6 +223,15 @@ routes:
   - path: /
     upstream: app
 """
+# The gateway's priority and overload stage on the upstream, set as the ASGI
+# contender's middleware is: the limit watches the p99, waiters wait half a
+# service time.
+GATEWAY_ON = GATEWAY_OFF.replace(
+    "    timeout: {connect: 1.0, read: 5.0}\n",
+    "    timeout: {connect: 1.0, read: 5.0}\n"
+    "    adaptive: {max_limit: 500, percentile: 0.99}\n"
+    f"    overload: {{max_wait: {MAX_WAIT}, max_queue: {4 * SLOTS}}}\n",
+)
 
 
 # -- the load -----------------------------------------------------------------------
@@ -312,7 +326,9 @@ class _Timed(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-async def _offer(url: str, rate: float, seconds: float, warmup: float, seed: int) -> Tally:
+async def _offer(
+    url: str, rate: float, seconds: float, warmup: float, seed: int, measured_at: str = ""
+) -> Tally:
     from stormguard import RetryPolicy
     from stormguard.httpx import RetryTransport
     from stormguard.protection import OriginGuards
@@ -336,6 +352,8 @@ async def _offer(url: str, rate: float, seconds: float, warmup: float, seed: int
     naive = RawClient(url)
     rng = random.Random(seed)
     marker = httpx.AsyncClient(timeout=5.0)  # the server's own timing (measured())
+    measured_at = measured_at or url
+    marking: list[asyncio.Task[httpx.Response]] = []
 
     async def stormguard_call() -> int:
         response = await guarded.get(url)
@@ -377,9 +395,7 @@ async def _offer(url: str, rate: float, seconds: float, warmup: float, seed: int
             await asyncio.sleep(delay)
         if arrival >= start + warmup:
             if current[0] is warming:
-                started = asyncio.create_task(marker.post(f"{url}/_bench/start"))
-                tasks.add(started)
-                started.add_done_callback(tasks.discard)
+                marking.append(asyncio.create_task(marker.post(f"{measured_at}/_bench/start")))
             current[0] = counted
             counted.lag.append(max(0.0, loop.time() - arrival))
         kind = stormguard_call if rng.random() < 0.5 else naive_call
@@ -388,7 +404,8 @@ async def _offer(url: str, rate: float, seconds: float, warmup: float, seed: int
         task.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.wait(tasks, timeout=DEADLINE + 1)
-    counted.served = (await marker.get(f"{url}/_bench/latencies")).json()
+    await asyncio.gather(*marking)
+    counted.served = (await marker.get(f"{measured_at}/_bench/latencies")).json()
     await marker.aclose()
     await guarded.aclose()
     naive.close()
@@ -412,8 +429,8 @@ def run_level(
     contender: Contender, mode: str, level: float, *, seconds: float, warmup: float, seed: int = 1
 ) -> Row:
     """Start the contender afresh, offer `level` x capacity, measure."""
-    with contender() as url:
-        tally = asyncio.run(_offer(url, level * CAPACITY, seconds, warmup, seed))
+    with contender() as (url, measured_at):
+        tally = asyncio.run(_offer(url, level * CAPACITY, seconds, warmup, seed, measured_at))
     return Row(
         mode,
         level,
@@ -459,7 +476,12 @@ def _plot(rows: list[Row], unloaded_ms: float, path: Path) -> Path | None:
     return path
 
 
-def run(contenders: dict[str, Contender] | None = None, *, quick: bool = False) -> list[Row]:
+def run(
+    contenders: dict[str, Contender] | None = None,
+    *,
+    quick: bool = False,
+    picture: str = "overload.png",
+) -> list[Row]:
     """The whole table: every contender at every level; prints it and the pinned lines.
 
     ``contenders`` maps ``"on"`` and ``"off"`` to contenders (default: the ASGI ones);
@@ -498,7 +520,7 @@ def run(contenders: dict[str, Contender] | None = None, *, quick: bool = False) 
         f"admitted p99 <= 2 x unloaded ({target:.0f} ms): "
         f"{'met' if on3.p99_ms <= target else 'NOT met'}"
     )
-    out = Path(os.environ.get("STORMGUARD_BENCH_OUT", "bench-out")) / "overload.png"
+    out = Path(os.environ.get("STORMGUARD_BENCH_OUT", "bench-out")) / picture
     drawn = _plot(rows, unloaded.p99_ms, out)
     if drawn is not None:
         print(f"wrote {drawn}")
@@ -511,6 +533,15 @@ def run(contenders: dict[str, Contender] | None = None, *, quick: bool = False) 
 def main(quick: bool = False) -> None:
     """``python -m bench overload [--quick]``."""
     run(quick=quick)
+
+
+def main_gateway(quick: bool = False) -> None:
+    """``python -m bench overload-gateway [--quick]``: the same load through
+    ``stormguard gateway``, its overload stage on the upstream (on) or not (off).
+    The server-timed p99 is the upstream's (the gateway's line wait is in the
+    clients' column only)."""
+    contenders = {"on": gateway_contender(GATEWAY_ON), "off": gateway_contender(GATEWAY_OFF)}
+    run(contenders, quick=quick, picture="overload-gateway.png")
 
 
 if __name__ == "__main__":
