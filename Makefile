@@ -43,6 +43,7 @@ test: lint types unit
 demo: $(STAMP)
 	$(BIN)/stormguard demo
 	$(BIN)/stormguard demo gateway
+	$(BIN)/stormguard demo overload
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench

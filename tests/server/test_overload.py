@@ -458,3 +458,27 @@ def test_on_the_wire_under_uvicorn(overload_server: str) -> None:
     assert httpx.get(f"{base}/entered").json() == ["holder", "critical", "retry"]
     status = httpx.get(f"{base}/status").json()
     assert status["refused"] == {"shed:sheddable": 1} and status["admitted"] == 3
+
+
+@pytest.mark.parametrize(("waited", "learnt"), [(0.05, False), (1.0, True)])
+def test_an_abandoned_request_teaches_what_its_wait_proves(
+    clock: FakeClock, waited: float, learnt: bool
+) -> None:
+    """abandon(): a caller that left after more than the unloaded latency (min_rtt x
+    (1 + tolerance) = 0.11 s) timed out as it saw it, and the limit falls by its
+    backoff (10 -> 9); one that left sooner teaches nothing. The slot is given back
+    either way."""
+    limit = AdaptiveLimit(initial_limit=10, probe_samples=1, min_samples=1, clock=clock)
+    control = OverloadControl(limit, clock=clock)
+    probe = control.enter()
+    assert isinstance(probe, Ticket)
+    clock.advance(0.1)
+    control.leave(probe)  # the start-up probe: min_rtt 0.1 s
+    assert limit.queued_after == pytest.approx(0.11)
+    clock.advance(0.2)
+    ticket = control.enter()
+    assert isinstance(ticket, Ticket)
+    clock.advance(waited)
+    control.abandon(ticket)
+    assert control.in_flight == 0
+    assert limit.limit == (9 if learnt else 10)

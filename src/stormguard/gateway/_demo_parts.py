@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,9 +172,15 @@ def gateway_config(upstream_port: int, http_port: int, admin_port: int) -> dict[
 class GatewayProcess:
     """A `stormguard gateway` child process on free loopback ports."""
 
-    def __init__(self, upstream_port: int, directory: Path) -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        directory: Path,
+        config: Callable[[int, int, int], dict[str, Any]] = gateway_config,
+    ) -> None:
         self.http_port, self.admin_port = _free_port(), _free_port()
-        self.config = gateway_config(upstream_port, self.http_port, self.admin_port)
+        # config(upstream port, http port, admin port): the configuration to run
+        self.config = config(upstream_port, self.http_port, self.admin_port)
         self.path = directory / "gateway.yaml"
         self.path.write_text(yaml.safe_dump(self.config))
         self.log = directory / "gateway.log"

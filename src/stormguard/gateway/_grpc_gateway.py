@@ -287,13 +287,15 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             reached = await self._admit(route, method, context, view, ex)
         except BaseException:
             if ex.code is grpc.StatusCode.CANCELLED:
-                control.release(ticket)  # its client left: nothing learnt
+                control.abandon(ticket)  # its client left; the upstream may go on
             else:
                 control.leave(ticket, failed=True, measured=False)
             raise
         code = ex.code
-        if not reached or code is grpc.StatusCode.CANCELLED:
+        if not reached:
             control.release(ticket)
+        elif code is grpc.StatusCode.CANCELLED:
+            control.abandon(ticket)
         else:
             dropped = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
             control.leave(ticket, failed=code in _SERVER_FAILURES, dropped=dropped)

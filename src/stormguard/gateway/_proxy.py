@@ -326,8 +326,10 @@ async def _to_upstream(
     except BaseException:
         control.leave(ticket, failed=True, measured=False)
         raise
-    if not reached or ex.outcome == "client_gone":
-        control.release(ticket)  # refused by the guard, or its client left: nothing learnt
+    if not reached:
+        control.release(ticket)  # refused by the guard: nothing went upstream
+    elif ex.outcome == "client_gone":
+        control.abandon(ticket)  # the upstream may still be working on it
     else:
         status = ex.status
         dropped = status == 503 or ex.outcome == "upstream_timeout"

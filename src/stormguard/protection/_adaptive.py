@@ -127,6 +127,13 @@ class AdaptiveLimit:
         """The clock this limit measures latencies on (monotonic seconds)."""
         return self._monotonic()
 
+    @property
+    def queued_after(self) -> float | None:
+        """The latency past which a request must have queued somewhere:
+        ``min_rtt * (1 + tolerance)`` (None until ``min_rtt`` is measured)."""
+        core = self._core
+        return None if core.min_rtt is None else core.min_rtt * (1.0 + core.tolerance)
+
     def record(self, rtt: float, *, in_flight: int, dropped: bool = False) -> None:
         """A request took ``rtt`` seconds with ``in_flight`` in flight (for gates that
         count their own slots); ``dropped``: it timed out or was refused as overloaded."""

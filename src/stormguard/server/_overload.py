@@ -340,6 +340,24 @@ class OverloadControl:
         """Give back the slot of an admitted request that never ran (nothing is learnt)."""
         self._give_back()
 
+    def abandon(self, ticket: Ticket) -> None:
+        """An admitted request whose caller left before the answer while its work may
+        go on where nobody can stop it (an upstream behind a proxy keeps serving a
+        request whose client hung up). The time it was admitted is a lower bound of
+        its latency: above the unloaded latency (``AdaptiveLimit.queued_after``) it
+        is a timeout, as the caller saw it -- the limit may not grow and falls by the
+        limit's ``backoff`` (callers giving up on a slow service are the overload
+        signal, and the work they left still loads the service) -- and below it,
+        nothing is learnt (a short deadline of the caller's own). Either way the slot
+        is given back; admission control learns nothing."""
+        adaptive = self._adaptive
+        if adaptive is not None:
+            bound = adaptive.queued_after
+            elapsed = self._monotonic() - ticket.started
+            if bound is not None and elapsed > bound:
+                adaptive.record(elapsed, in_flight=self._line.in_flight, dropped=True)
+        self._give_back()
+
     def leave(
         self, ticket: Ticket, *, failed: bool = False, dropped: bool = False, measured: bool = True
     ) -> None:
