@@ -146,6 +146,38 @@ def test_round_robin_and_passive_ejection(
     assert a.seen()["n"] == 2 + 6
 
 
+async def test_an_ejected_target_returns_when_its_ejection_ends(
+    upstream_factory: Factory, local_gateway: Factory
+) -> None:
+    """An ejected target gets no request for `eject.for` seconds of the gateway's clock,
+    then takes its turn again."""
+    a, b = upstream_factory("a"), upstream_factory("b")
+    config = {
+        "upstreams": {
+            "u": {
+                "targets": [a.url, b.url],
+                "retries": {"attempts": 2, "budget": 0.5},
+                "eject": {"failures": 1, "for": 60},
+            }
+        },
+        "routes": [{"path": "/", "upstream": "u"}],
+    }
+    gw = await local_gateway(config)
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+
+        async def names(n: int) -> list[str]:
+            return [(await client.get("/echo")).json()["name"] for _ in range(n)]
+
+        assert sorted(await names(2)) == ["a", "b"]
+        b.stop()
+        assert await names(3) == ["a"] * 3  # b failed once (retried on a): ejected
+        b.start()
+        gw.clock.advance(59.0)
+        assert await names(4) == ["a"] * 4
+        gw.clock.advance(1.0)
+        assert sorted(await names(4)) == ["a", "a", "b", "b"]
+
+
 @pytest.mark.parametrize(("method", "upstream_hits"), [("GET", 2), ("POST", 1)])
 def test_only_safe_failures_are_retried(
     upstream_factory: Factory, gateway_factory: Factory, method: str, upstream_hits: int
@@ -192,6 +224,30 @@ def test_limit_admits_exactly_n_per_client(
     log = gw.output()
     assert alice_id in log and "alice-secret" not in log
     assert '"policy":"limited:pc"' in log
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])  # the callback path; the ASGI path
+async def test_a_limit_window_refills_on_the_gateway_clock(
+    upstream_factory: Factory, local_gateway: Factory, method: str
+) -> None:
+    """A full window refuses (429, Retry-After up to its end) until the gateway's clock
+    has moved past it; then the client has its whole limit again."""
+    up = upstream_factory()
+    limits = {"pc": {"algorithm": "fixed_window", "limit": 2, "window": 60}}
+    gw = await local_gateway(_config(up, limits=["pc"], extra={"limits": limits}))
+    body = b"x" if method == "POST" else None
+
+    async def codes(client: httpx.AsyncClient, n: int) -> list[int]:
+        return [(await client.request(method, "/echo", content=body)).status_code for _ in range(n)]
+
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        assert await codes(client, 3) == [200, 200, 429]
+        gw.clock.advance(59.0)
+        refused = await client.request(method, "/echo", content=body)
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) == 1
+        gw.clock.advance(1.0)
+        assert await codes(client, 3) == [200, 200, 429]
+    assert up.seen()["n"] == 4
 
 
 def test_global_limit_refusal_takes_nothing_from_client_quota(
