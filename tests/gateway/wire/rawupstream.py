@@ -129,6 +129,10 @@ class RawUpstream:
     def stop(self) -> None:
         """Stop listening and close every connection."""
         self._stopping = True
+        try:  # wakes the thread blocked in accept() (close alone does not, on Linux)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
         with self._lock:
             for conn in self._open:
