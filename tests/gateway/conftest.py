@@ -49,6 +49,11 @@ class Upstream:
             self.proc.kill()
             self.proc.wait()
 
+    def release(self, key: str) -> None:
+        """Let the requests held on ``/hold?key=KEY`` (and later ones) answer."""
+        with urllib.request.urlopen(f"{self.url}/release?key={key}", timeout=5) as r:
+            r.read()
+
     def seen(self) -> dict[str, int]:
         """Requests the upstream has seen, and those in flight."""
         with urllib.request.urlopen(f"{self.url}/count", timeout=5) as r:
