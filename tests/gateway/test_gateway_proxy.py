@@ -424,6 +424,35 @@ async def test_bulkhead_keeps_other_upstream_responsive(
     assert (await gw.status())["routes"]["/slow"].get("bulkhead_full") == 1
 
 
+async def test_a_bulkhead_waiter_gives_up_after_max_wait_on_the_gateway_clock(
+    upstream_factory: Factory, local_gateway: Factory
+) -> None:
+    """A request that finds the bulkhead full waits for a slot `max_wait` seconds of the
+    gateway's clock, then gets 503; a slot freed before that admits it instead."""
+    up = upstream_factory()
+    gw = await local_gateway(
+        _config(up, upstream_settings={"bulkhead": {"limit": 1, "max_wait": 5}})
+    )
+    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
+        held = asyncio.ensure_future(client.get("/hold?key=slot"))
+        await until(lambda: up.seen()["in_flight"] == 1)
+        waiting = asyncio.ensure_future(client.get("/echo"))
+        await asyncio.sleep(0.05)
+        gw.clock.advance(4.9)
+        await asyncio.sleep(0.05)  # (the waiter reads the clock every 10 ms)
+        assert not waiting.done()
+        gw.clock.advance(0.2)
+        refused = await asyncio.wait_for(waiting, 2.0)  # (not the 5 s of a real clock)
+        assert refused.status_code == 503 and "retry-after" in refused.headers
+        second = asyncio.ensure_future(client.get("/echo"))
+        await asyncio.sleep(0.05)
+        gw.clock.advance(4.0)
+        up.release("slot")
+        assert (await held).status_code == 200
+        assert (await second).status_code == 200
+    assert up.seen()["n"] == 2
+
+
 def test_vanished_client_cancels_upstream_and_frees_slot(
     upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
