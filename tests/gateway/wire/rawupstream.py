@@ -153,7 +153,7 @@ class RawUpstream:
         """Whether the gateway closes connection number ``connection`` within ``timeout``."""
         return self.connections[connection].closed.wait(timeout)
 
-    def release_parked(self, within: float = 0.1) -> int:
+    def release_parked(self, within: float = 0.5) -> int:
         """Write every parked step's bytes now; wait (up to ``within`` seconds in all)
         for the peers to close those connections. How many closed."""
         with self._lock:
