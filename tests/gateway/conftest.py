@@ -8,13 +8,14 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from local_gateway import LocalGateway, StepClock, start_local_gateway
 
 from net_support import PortTaken, free_port, listening, stop_process, wait_started
 
@@ -47,6 +48,11 @@ class Upstream:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def release(self, key: str) -> None:
+        """Let the requests held on ``/hold?key=KEY`` (and later ones) answer."""
+        with urllib.request.urlopen(f"{self.url}/release?key={key}", timeout=5) as r:
+            r.read()
 
     def seen(self) -> dict[str, int]:
         """Requests the upstream has seen, and those in flight."""
@@ -207,3 +213,19 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     yield make
     for gw in started:
         gw.stop()
+
+
+@pytest.fixture
+async def local_gateway() -> AsyncIterator[Callable[..., Awaitable[LocalGateway]]]:
+    """Open gateways in the test's event loop, each on its own StepClock (or the
+    ``clock`` given); all are closed after the test."""
+    opened: list[LocalGateway] = []
+
+    async def make(config: dict[str, Any], *, clock: StepClock | None = None) -> LocalGateway:
+        gw = await start_local_gateway(config, clock if clock is not None else StepClock())
+        opened.append(gw)
+        return gw
+
+    yield make
+    for gw in opened:
+        await gw.aclose()

@@ -19,8 +19,8 @@ Factory = Callable[..., Any]
 def test_a_duplicate_in_flight_at_the_gateway_gets_the_replay(
     upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
-    """idempotency: honor; the first keyed POST holds the upstream 1.5 s; the second
-    gets 409, then (retried once the first answered) the stored answer: one upstream run."""
+    """idempotency: honor; the first keyed POST is held at the upstream; the second gets
+    409, then (retried once the first answered) the stored answer: one upstream run."""
     up = upstream_factory()
     config = {
         "upstreams": {"a": {"url": up.url}},
@@ -30,7 +30,9 @@ def test_a_duplicate_in_flight_at_the_gateway_gets_the_replay(
     headers = {"Idempotency-Key": "order-7"}
     first: list[httpx.Response] = []
     holder = threading.Thread(
-        target=lambda: first.append(httpx.post(f"{gw.url}/slow?s=1.5", headers=headers, timeout=20))
+        target=lambda: first.append(
+            httpx.post(f"{gw.url}/hold?key=k7", headers=headers, timeout=20)
+        )
     )
     holder.start()
     eventually(lambda: up.seen()["in_flight"] == 1)
@@ -38,6 +40,7 @@ def test_a_duplicate_in_flight_at_the_gateway_gets_the_replay(
 
     def wait_for_first(record: RetryRecord) -> None:
         statuses.append(int(record.reason.split()[1]))
+        up.release("k7")  # the first copy answers now
         holder.join()
 
     transport = RetryTransport(
@@ -47,10 +50,10 @@ def test_a_duplicate_in_flight_at_the_gateway_gets_the_replay(
         breaker=False,
     )
     with httpx.Client(transport=transport, timeout=20) as client:
-        second = client.post(f"{gw.url}/slow?s=1.5", headers=headers)
+        second = client.post(f"{gw.url}/hold?key=k7", headers=headers)
     holder.join()
     assert statuses == [409]
     assert first[0].status_code == 200 and second.status_code == 200
     assert second.headers.get("idempotent-replayed") == "true"
-    assert second.content == first[0].content == b"slow"
+    assert second.content == first[0].content == b"held"
     assert up.seen()["n"] == 1

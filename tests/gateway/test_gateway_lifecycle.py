@@ -69,7 +69,7 @@ def test_sigterm_drains_requests_and_closes_websockets_1001(
     )
     answers: list[int] = []
     slow = threading.Thread(
-        target=lambda: answers.append(httpx.get(f"{gw.url}/slow?s=1.5", timeout=20).status_code)
+        target=lambda: answers.append(httpx.get(f"{gw.url}/hold?key=t", timeout=20).status_code)
     )
 
     async def websocket_close_code() -> int | None:
@@ -84,6 +84,8 @@ def test_sigterm_drains_requests_and_closes_websockets_1001(
             return info.value.rcvd.code if info.value.rcvd else None
 
     assert asyncio.run(websocket_close_code()) == 1001
+    assert gw.proc.poll() is None and not answers  # draining: the request is still held
+    up.release("t")
     slow.join()
     assert answers == [200]
     assert gw.proc.wait(timeout=30) == 0

@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import socket
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
+from local_gateway import until
 
 Factory = Callable[..., Any]
 
 
-def _gateway(gateway_factory: Factory, up: Any, **route: Any) -> Any:
+def _config(up: Any, **route: Any) -> dict[str, Any]:
     upstream = route.pop("upstream_settings", {})
     extra = route.pop("extra", {})
-    config = {
+    return {
         "upstreams": {"a": {"url": up.url, **upstream}},
         "routes": [{"path": "/", "upstream": "a", **route}],
         **extra,
     }
-    return gateway_factory(config)
+
+
+def _gateway(gateway_factory: Factory, up: Any, **route: Any) -> Any:
+    return gateway_factory(_config(up, **route))
 
 
 def test_headers_are_rewritten(upstream_factory: Factory, gateway_factory: Factory) -> None:
@@ -142,6 +146,38 @@ def test_round_robin_and_passive_ejection(
     assert a.seen()["n"] == 2 + 6
 
 
+async def test_an_ejected_target_returns_when_its_ejection_ends(
+    upstream_factory: Factory, local_gateway: Factory
+) -> None:
+    """An ejected target gets no request for `eject.for` seconds of the gateway's clock,
+    then takes its turn again."""
+    a, b = upstream_factory("a"), upstream_factory("b")
+    config = {
+        "upstreams": {
+            "u": {
+                "targets": [a.url, b.url],
+                "retries": {"attempts": 2, "budget": 0.5},
+                "eject": {"failures": 1, "for": 60},
+            }
+        },
+        "routes": [{"path": "/", "upstream": "u"}],
+    }
+    gw = await local_gateway(config)
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+
+        async def names(n: int) -> list[str]:
+            return [(await client.get("/echo")).json()["name"] for _ in range(n)]
+
+        assert sorted(await names(2)) == ["a", "b"]
+        b.stop()
+        assert await names(3) == ["a"] * 3  # b failed once (retried on a): ejected
+        b.start()
+        gw.clock.advance(59.0)
+        assert await names(4) == ["a"] * 4
+        gw.clock.advance(1.0)
+        assert sorted(await names(4)) == ["a", "a", "b", "b"]
+
+
 @pytest.mark.parametrize(("method", "upstream_hits"), [("GET", 2), ("POST", 1)])
 def test_only_safe_failures_are_retried(
     upstream_factory: Factory, gateway_factory: Factory, method: str, upstream_hits: int
@@ -190,6 +226,30 @@ def test_limit_admits_exactly_n_per_client(
     assert '"policy":"limited:pc"' in log
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])  # the callback path; the ASGI path
+async def test_a_limit_window_refills_on_the_gateway_clock(
+    upstream_factory: Factory, local_gateway: Factory, method: str
+) -> None:
+    """A full window refuses (429, Retry-After up to its end) until the gateway's clock
+    has moved past it; then the client has its whole limit again."""
+    up = upstream_factory()
+    limits = {"pc": {"algorithm": "fixed_window", "limit": 2, "window": 60}}
+    gw = await local_gateway(_config(up, limits=["pc"], extra={"limits": limits}))
+    body = b"x" if method == "POST" else None
+
+    async def codes(client: httpx.AsyncClient, n: int) -> list[int]:
+        return [(await client.request(method, "/echo", content=body)).status_code for _ in range(n)]
+
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        assert await codes(client, 3) == [200, 200, 429]
+        gw.clock.advance(59.0)
+        refused = await client.request(method, "/echo", content=body)
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) == 1
+        gw.clock.advance(1.0)
+        assert await codes(client, 3) == [200, 200, 429]
+    assert up.seen()["n"] == 4
+
+
 def test_global_limit_refusal_takes_nothing_from_client_quota(
     upstream_factory: Factory, gateway_factory: Factory, eventually: Any
 ) -> None:
@@ -214,59 +274,80 @@ def test_global_limit_refusal_takes_nothing_from_client_quota(
     eventually(lambda: gw.status()["routes"]["/"] == expected)
 
 
-@pytest.mark.parametrize(("on_limit", "passed"), [("reject", 1), ({"delay": 5}, 3)])
-def test_shaping_holds_instead_of_refusing(
-    upstream_factory: Factory, gateway_factory: Factory, on_limit: Any, passed: int
+async def test_shaping_holds_instead_of_refusing(
+    upstream_factory: Factory, local_gateway: Factory
 ) -> None:
-    """With {delay: S} a burst is held and passes at the permitted rate; reject refuses it."""
+    """With {delay: S} a burst is held and passes at the permitted rate, one request
+    per 1/rate seconds of the gateway's clock; none waits past S."""
     up = upstream_factory()
-    gw = _gateway(
-        gateway_factory,
-        up,
-        limits=["pc"],
-        on_limit=on_limit,
-        extra={"limits": {"pc": {"algorithm": "gcra", "rate": 0.5, "burst": 1}}},
+    limits = {"pc": {"algorithm": "gcra", "rate": 0.5, "burst": 1}}
+    gw = await local_gateway(
+        _config(up, limits=["pc"], on_limit={"delay": 5}, extra={"limits": limits})
     )
-    results: list[int] = []
+    clock = gw.clock
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        burst = [asyncio.ensure_future(client.get("/echo")) for _ in range(3)]
+        await until(lambda: sum(t.done() for t in burst) == 1 and clock.sleepers == 2)
+        assert clock.sleeps == [2.0, 2.0]  # both told to come back in 1/rate s
+        clock.advance(1.9)
+        await asyncio.sleep(0.05)
+        assert sum(t.done() for t in burst) == 1  # still held
+        clock.advance(0.1)
+        await until(lambda: sum(t.done() for t in burst) == 2 and clock.sleepers == 1)
+        clock.advance(2.0)
+        answers = await asyncio.gather(*burst)
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert clock.sleeps == [2.0, 2.0, 2.0]
+    assert up.seen()["n"] == 3
 
-    def one() -> None:
-        results.append(httpx.get(f"{gw.url}/echo", timeout=20).status_code)
 
-    threads = [threading.Thread(target=one) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results.count(200) == passed
-    assert up.seen()["n"] == passed
-
-
-def test_idempotency_require_executes_once(
-    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
+async def test_shaping_refuses_what_would_wait_past_its_delay(
+    upstream_factory: Factory, local_gateway: Factory
 ) -> None:
-    """require: 400 without a key; a keyed POST runs once, retries replay, changes get 422."""
+    """A request that would be held past `delay` is refused at once (429), and
+    `reject` refuses every request over the limit without holding any."""
     up = upstream_factory()
-    gw = _gateway(gateway_factory, up, idempotency="require")
-    assert httpx.post(f"{gw.url}/echo").status_code == 400
-    key = {"Idempotency-Key": "order-1"}
-    first = httpx.post(f"{gw.url}/echo", content=b"buy", headers=key)
-    again = httpx.post(f"{gw.url}/echo", content=b"buy", headers=key)
-    assert first.status_code == again.status_code == 200
-    assert again.headers["idempotent-replayed"] == "true"
-    assert again.json() == first.json()
-    assert httpx.post(f"{gw.url}/echo", content=b"sell", headers=key).status_code == 422
-    assert up.seen()["n"] == 1
-    slow_key = {"Idempotency-Key": "order-2"}
-    held = threading.Thread(
-        target=httpx.post, args=(f"{gw.url}/slow?s=2",), kwargs={"headers": slow_key, "timeout": 20}
+    limits = {"pc": {"algorithm": "gcra", "rate": 0.5, "burst": 1}}
+    held = await local_gateway(
+        _config(up, limits=["pc"], on_limit={"delay": 1.5}, extra={"limits": limits})
     )
-    held.start()
-    eventually(lambda: up.seen()["in_flight"] == 1)
-    conflict = httpx.post(f"{gw.url}/slow?s=2", headers=slow_key)
-    held.join()
-    assert conflict.status_code == 409 and "retry-after" in conflict.headers
-    eventually(lambda: gw.status()["routes"]["/"].get("idempotency_invalid") == 1)
-    routes = gw.status()["routes"]["/"]
+    rejecting = await local_gateway(
+        _config(up, limits=["pc"], on_limit="reject", extra={"limits": limits})
+    )
+    for gw in (held, rejecting):
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            answers = await asyncio.gather(*(client.get("/echo") for _ in range(3)))
+        assert sorted(r.status_code for r in answers) == [200, 429, 429]
+        assert gw.clock.sleeps == []
+    assert up.seen()["n"] == 2
+
+
+async def test_idempotency_require_executes_once(
+    upstream_factory: Factory, local_gateway: Factory
+) -> None:
+    """require: 400 without a key; a keyed POST runs once, retries replay, changes get
+    422, and the same key while the first is in flight gets 409 + Retry-After."""
+    up = upstream_factory()
+    gw = await local_gateway(_config(up, idempotency="require"))
+    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
+        assert (await client.post("/echo")).status_code == 400
+        key = {"Idempotency-Key": "order-1"}
+        first = await client.post("/echo", content=b"buy", headers=key)
+        again = await client.post("/echo", content=b"buy", headers=key)
+        assert first.status_code == again.status_code == 200
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.json() == first.json()
+        assert (await client.post("/echo", content=b"sell", headers=key)).status_code == 422
+        assert up.seen()["n"] == 1
+        slow_key = {"Idempotency-Key": "order-2"}
+        held = asyncio.ensure_future(client.post("/slow?s=30", headers=slow_key))
+        await until(lambda: up.seen()["in_flight"] == 1)
+        conflict = await client.post("/slow?s=30", headers=slow_key)
+        assert conflict.status_code == 409 and "retry-after" in conflict.headers
+        assert not held.done()
+        held.cancel()
+        await until(lambda: up.seen()["in_flight"] == 0)
+    routes = (await gw.status())["routes"]["/"]
     assert routes["idempotency_conflict"] == 1
     assert routes["idempotency_mismatch"] == 1
     assert routes["idempotency_invalid"] == 1
@@ -285,31 +366,38 @@ def test_idempotency_releases_the_claim_on_5xx(
     assert up.seen()["n"] == 3
 
 
-def test_breaker_opens_fails_fast_and_recovers(
-    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
+async def test_breaker_opens_fails_fast_and_recovers(
+    upstream_factory: Factory, local_gateway: Factory
 ) -> None:
-    """Upstream killed: 502s open the breaker, then 503 + Retry-After; back up: traffic resumes."""
+    """Upstream killed: 502s open the breaker, then 503 + Retry-After for its whole
+    cooldown on the gateway's clock; after it, one half-open probe, then traffic."""
     up = upstream_factory()
     breaker = {"min_calls": 3, "failure_rate": 0.5, "window": 30, "open_for": 4}
-    gw = _gateway(gateway_factory, up, upstream_settings={"breaker": breaker})
-    assert httpx.get(f"{gw.url}/echo").status_code == 200
-    up.stop()
-    answers = [httpx.get(f"{gw.url}/echo") for _ in range(6)]
-    assert [r.status_code for r in answers] == [502, 502] + [503] * 4
-    assert all(1 <= int(r.headers["retry-after"]) <= 4 for r in answers[2:])
-    assert gw.status()["upstreams"]["a"]["breaker"] == "open"
-    up.start()
-    eventually(lambda: httpx.get(f"{gw.url}/echo").status_code == 200, timeout=30)
-    assert up.seen()["n"] == 1  # exactly the half-open probe, then normal traffic
-    assert eventually(lambda: gw.status()["upstreams"]["a"]["breaker"] == "closed")
+    gw = await local_gateway(_config(up, upstream_settings={"breaker": breaker}))
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        assert (await client.get("/echo")).status_code == 200
+        up.stop()
+        answers = [await client.get("/echo") for _ in range(6)]
+        assert [r.status_code for r in answers] == [502, 502] + [503] * 4
+        assert all(1 <= int(r.headers["retry-after"]) <= 4 for r in answers[2:])
+        assert (await gw.status())["upstreams"]["a"]["breaker"] == "open"
+        up.start()
+        gw.clock.advance(3.5)  # open_for 4, shortened by at most its jitter (10 %): 3.6
+        assert (await client.get("/echo")).status_code == 503
+        assert up.seen()["n"] == 0
+        gw.clock.advance(0.5)
+        assert (await client.get("/echo")).status_code == 200
+        assert up.seen()["n"] == 1  # exactly the half-open probe, then normal traffic
+        assert (await gw.status())["upstreams"]["a"]["breaker"] == "closed"
+        assert (await client.get("/echo")).status_code == 200
 
 
-def test_bulkhead_keeps_other_upstream_responsive(
-    upstream_factory: Factory, gateway_factory: Factory, eventually: Any
+async def test_bulkhead_keeps_other_upstream_responsive(
+    upstream_factory: Factory, local_gateway: Factory
 ) -> None:
     """A slow upstream fills its own bulkhead (503) while another upstream answers at once."""
     slow, fast = upstream_factory("slow"), upstream_factory("fast")
-    gw = gateway_factory(
+    gw = await local_gateway(
         {
             "upstreams": {
                 "slow": {"url": slow.url, "bulkhead": {"limit": 2, "max_wait": 0}},
@@ -321,20 +409,48 @@ def test_bulkhead_keeps_other_upstream_responsive(
             ],
         }
     )
-    held = [
-        threading.Thread(target=httpx.get, args=(f"{gw.url}/slow?s=3",), kwargs={"timeout": 20})
-        for _ in range(2)
-    ]
-    for t in held:
-        t.start()
-    eventually(lambda: gw.status()["upstreams"]["slow"]["in_flight"] == 2)
-    r = httpx.get(f"{gw.url}/slow?s=0")
-    assert r.status_code == 503
-    assert r.json()["status"] == 503 and "retry-after" in r.headers
-    assert [httpx.get(f"{gw.url}/echo").status_code for _ in range(5)] == [200] * 5
-    for t in held:
-        t.join()
-    eventually(lambda: gw.status()["routes"]["/slow"].get("bulkhead_full") == 1)
+    pool = gw.runtime.upstreams["slow"]
+    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
+        held = [asyncio.ensure_future(client.get("/slow?s=30")) for _ in range(2)]
+        await until(lambda: pool.in_flight == 2 and slow.seen()["in_flight"] == 2)
+        r = await client.get("/slow?s=0")
+        assert r.status_code == 503
+        assert r.json()["status"] == 503 and "retry-after" in r.headers
+        assert [(await client.get("/echo")).status_code for _ in range(5)] == [200] * 5
+        assert pool.in_flight == 2 and not any(t.done() for t in held)
+        for t in held:  # the held clients leave: their slots and upstream calls end
+            t.cancel()
+        await until(lambda: pool.in_flight == 0 and slow.seen()["in_flight"] == 0)
+    assert (await gw.status())["routes"]["/slow"].get("bulkhead_full") == 1
+
+
+async def test_a_bulkhead_waiter_gives_up_after_max_wait_on_the_gateway_clock(
+    upstream_factory: Factory, local_gateway: Factory
+) -> None:
+    """A request that finds the bulkhead full waits for a slot `max_wait` seconds of the
+    gateway's clock, then gets 503; a slot freed before that admits it instead."""
+    up = upstream_factory()
+    gw = await local_gateway(
+        _config(up, upstream_settings={"bulkhead": {"limit": 1, "max_wait": 5}})
+    )
+    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
+        held = asyncio.ensure_future(client.get("/hold?key=slot"))
+        await until(lambda: up.seen()["in_flight"] == 1)
+        waiting = asyncio.ensure_future(client.get("/echo"))
+        await asyncio.sleep(0.05)
+        gw.clock.advance(4.9)
+        await asyncio.sleep(0.05)  # (the waiter reads the clock every 10 ms)
+        assert not waiting.done()
+        gw.clock.advance(0.2)
+        refused = await asyncio.wait_for(waiting, 2.0)  # (not the 5 s of a real clock)
+        assert refused.status_code == 503 and "retry-after" in refused.headers
+        second = asyncio.ensure_future(client.get("/echo"))
+        await asyncio.sleep(0.05)
+        gw.clock.advance(4.0)
+        up.release("slot")
+        assert (await held).status_code == 200
+        assert (await second).status_code == 200
+    assert up.seen()["n"] == 2
 
 
 def test_vanished_client_cancels_upstream_and_frees_slot(

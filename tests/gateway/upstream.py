@@ -2,8 +2,10 @@
 (with CERT and KEY it serves https and wss).
 
 Endpoints: ``/echo`` (method, path, raw path, headers and body size as JSON), ``/status/N``,
-``/slow?s=SECONDS``, ``/stream?n=N`` (N chunks), ``/big?n=BYTES``, ``/count``
-(requests seen so far), ``/ws`` (echo; ``close:CODE`` closes with CODE).
+``/slow?s=SECONDS``, ``/hold?key=K`` (answers once ``/release?key=K`` was asked: a
+request held as long as the test wants, without a sleep), ``/stream?n=N`` (N chunks),
+``/big?n=BYTES``, ``/count`` (requests seen so far), ``/ws`` (echo; ``close:CODE``
+closes with CODE).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from aiohttp import WSMsgType, web
 
 SEEN = {"n": 0, "in_flight": 0}
+HOLDS: dict[str, asyncio.Event] = {}
 
 
 async def echo(request: web.Request) -> web.Response:
@@ -44,6 +47,22 @@ async def slow(request: web.Request) -> web.Response:
     finally:
         SEEN["in_flight"] -= 1
     return web.Response(text="slow")
+
+
+async def hold(request: web.Request) -> web.Response:
+    SEEN["n"] += 1
+    SEEN["in_flight"] += 1
+    try:
+        event = HOLDS.setdefault(request.query.get("key", ""), asyncio.Event())
+        await asyncio.wait_for(event.wait(), 60)
+    finally:
+        SEEN["in_flight"] -= 1
+    return web.Response(text="held")
+
+
+async def release(request: web.Request) -> web.Response:
+    HOLDS.setdefault(request.query.get("key", ""), asyncio.Event()).set()
+    return web.Response(text="released")
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
@@ -88,6 +107,8 @@ def main() -> None:
     app.router.add_route("*", "/v1/{tail:.*}", echo)
     app.router.add_route("*", "/status/{code}", status)
     app.router.add_route("*", "/slow", slow)
+    app.router.add_route("*", "/hold", hold)
+    app.router.add_get("/release", release)
     app.router.add_get("/stream", stream)
     app.router.add_get("/big", big)
     app.router.add_get("/count", count)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from .._clock import Clock
 from ..server._types import Receive, Scope, Send
 from ._config import GatewayConfig
 from ._dashboard import DASHBOARD_PATHS, send_dashboard
@@ -30,12 +31,20 @@ log = logging.getLogger("stormguard.gateway")
 
 
 class Gateway:
-    """The proxy ASGI app over a swappable :class:`Runtime`."""
+    """The proxy ASGI app over a swappable :class:`Runtime`.
 
-    def __init__(self, config: GatewayConfig, *, workers: int = 1) -> None:
+    ``clock`` (default: the system clock) is handed to every time-dependent part of
+    every runtime (see :class:`Runtime`): a test passes a ``FakeClock`` and advances
+    it to run a breaker's cooldown, a limit's window or a shaping delay.
+    """
+
+    def __init__(
+        self, config: GatewayConfig, *, workers: int = 1, clock: Clock | None = None
+    ) -> None:
         self.metrics = GatewayMetrics()
         self.workers = workers
-        self.runtime = Runtime(config, self.metrics, workers=workers)
+        self.runtime = Runtime(config, self.metrics, workers=workers, clock=clock)
+        self.clock: Clock = self.runtime.clock
         # The callback path of the current runtime (_fastpath.begin bound to it),
         # ``fast(proto, scope, keep_alive)``: the server calls it for each request
         # (None: the server runs the ASGI app for it). Replaced with the runtime.

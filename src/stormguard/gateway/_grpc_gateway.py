@@ -395,7 +395,7 @@ class GrpcGateway(grpc.GenericRpcHandler):  # type: ignore[misc]
             return error_outcome(error, True, "POST", False)
 
         try:
-            finish = await drive(pool.grpc_policy, None, attempt, _nothing)
+            finish = await drive(pool.grpc_policy, None, attempt, _nothing, pool.clock)
         finally:
             pump.close()
         outcome = finish.outcome

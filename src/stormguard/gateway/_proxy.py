@@ -163,7 +163,7 @@ async def _serve(
         return
     decision = None
     if route.rules is not None:
-        decision = await _decide(route, view, scope)
+        decision = await _decide(rt, route, view, scope)
         if decision is not None and not decision.allowed:
             await _refuse(send, ex, limit_refusal(route, decision))
             return
@@ -244,7 +244,7 @@ def _limit_key(route: CompiledRoute, name: str, scope: Scope) -> str:
     return ""
 
 
-async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
+async def _decide(rt: Runtime, route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
     # reject: one store call. {delay: S}: wait out a refusal whose retry_after
     # still ends within S seconds of arrival, then ask again (nginx burst+delay,
     # expressed as time); past S the request is refused.
@@ -256,12 +256,12 @@ async def _decide(route: CompiledRoute, view: ScopeView, scope: Scope) -> Any:
         decision = await rules.adecide(view, scope["method"], scope["path"])
     if route.delay is None or decision is None or decision.allowed:
         return decision
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + route.delay
+    clock = rt.clock
+    deadline = clock.monotonic() + route.delay
     while decision is not None and not decision.allowed:
-        if loop.time() + decision.retry_after > deadline:
+        if clock.monotonic() + decision.retry_after > deadline:
             break
-        await asyncio.sleep(decision.retry_after)
+        await clock.asleep(decision.retry_after)
         decision = await rules.adecide(view, scope["method"], scope["path"])
     return decision
 
@@ -536,10 +536,10 @@ async def _attempts(
             return error_outcome(exc, never_sent, method, keyed)
         rt.metrics.observe_latency(pool.name, time.perf_counter() - sent, response.status)
         pool.report(target, response.status >= 500)
-        return response_outcome(policy, response, method, keyed)
+        return response_outcome(policy, response, method, keyed, rt.clock)
 
     try:
-        finish = await drive(policy, admission.permit, attempt, discard)
+        finish = await drive(policy, admission.permit, attempt, discard, rt.clock)
     except BaseException as exc:
         while dropped:
             dropped.pop().release()

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._errors import CircuitOpen
 from ..client._attempt import RETRY_ATTEMPT
 from ..client._http import error_failure, response_failure
@@ -89,15 +89,20 @@ def policy_of(attempts: int, budget: Any, breaker: Any) -> RetryPolicy:
 
 
 def response_outcome(
-    policy: RetryPolicy, response: H1Response, method: str, keyed: bool
+    policy: RetryPolicy,
+    response: H1Response,
+    method: str,
+    keyed: bool,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Outcome:
-    """One answered attempt as the conversation judges it (client/_http.py's table)."""
+    """One answered attempt as the conversation judges it (client/_http.py's table);
+    an HTTP-date ``Retry-After`` is read against ``clock``'s wall time."""
     status = response.status
     if status < 400:  # a success: nothing to read
         return Outcome(None, False, response)
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
     failure = response_failure(
-        policy, status, headers, method=method, has_key=keyed, wall_now=time.time()
+        policy, status, headers, method=method, has_key=keyed, wall_now=clock.time()
     )
     return Outcome(failure, counts_against_server(status, None), response)
 
@@ -159,12 +164,15 @@ async def drive(
     permit: Any,
     send: Callable[[int], Awaitable[Outcome]],
     discard: Callable[[Outcome], None],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Finish:
     """Run the conversation to its end: ``send(n)`` makes attempt ``n`` (1-based);
     ``permit`` is the first attempt's, taken by the upstream guard. ``discard``
     drops a failed attempt's answer before the next. A ``send`` that raises (the
-    client's body failed, a cancellation) gives the attempt's permit back."""
-    conversation = Conversation(policy, started_at=time.monotonic(), rng=_RNG)
+    client's body failed, a cancellation) gives the attempt's permit back. The
+    conversation's times are read on ``clock`` (the runtime's)."""
+    monotonic = clock.monotonic
+    conversation = Conversation(policy, started_at=monotonic(), rng=_RNG)
     steps = conversation.steps()
     breaker, budget = policy.breaker, policy.budget
     first = True
@@ -184,7 +192,7 @@ async def drive(
                 if held is not None:
                     await held.arelease()  # not the upstream's failure
                 raise
-            reply = (outcome, time.monotonic())
+            reply = (outcome, monotonic())
         elif effect is ADMIT:
             if first:
                 reply = held = permit

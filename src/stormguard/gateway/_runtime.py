@@ -12,13 +12,22 @@
 # the store keys are the limit's name and the client, whatever the route.
 # The memory store is bounded by `store_max_keys`; the keys it forgets before their
 # limit is full again are counted (metrics) and logged at most once a minute.
+#
+# Time: one clock (`clock=`, the project's Clock protocol; the system clock unless a
+# test passes a FakeClock) is handed to everything here that decides by time -- the
+# memory store's limit windows, every upstream's breaker, bulkhead, retry budget and
+# ejections, the shaping waits of the proxy leg (`Runtime.clock`) -- so a scenario
+# that spans seconds (an open breaker's cooldown, a window refilling, a shaping
+# delay) runs in virtual time. A shared store (Redis) decides on its own clock.
+# Deadlines on real sockets (connect/read timeouts, the listener's head and
+# keep-alive deadlines) stay on the event loop's clock.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from .._clock import SYSTEM_CLOCK, Clock
 from ..core._limiters import (
     GCRA,
     Algorithm,
@@ -100,7 +109,11 @@ class CompiledRoute:
 
 
 class Runtime:
-    """Everything a configuration builds; immutable once built (reload replaces it)."""
+    """Everything a configuration builds; immutable once built (reload replaces it).
+
+    ``clock`` (default: the system clock) is the one clock of every time-dependent
+    part; a reload's runtime takes the clock of the one it replaces.
+    """
 
     def __init__(
         self,
@@ -109,9 +122,14 @@ class Runtime:
         *,
         workers: int = 1,
         previous: Runtime | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
+        if clock is None:
+            clock = previous.clock if previous is not None else SYSTEM_CLOCK
+        self.clock: Clock = clock
+        given = None if clock is SYSTEM_CLOCK else clock  # (the parts' own default)
         instances = config.instances or workers
         if previous is not None and previous.config.store == config.store:
             self.store: Any = previous.store
@@ -120,7 +138,7 @@ class Runtime:
         elif config.shared_store:
             self.store = from_url(config.store, asyncio=True, instances=instances)
         else:
-            self.store = MemoryStore(max_keys=config.max_keys)
+            self.store = MemoryStore(max_keys=config.max_keys, clock=given)
         # (evictions counted so far, the last warning's time): carried over a reload
         self._evictions: list[float] = [0, -1e9] if previous is None else previous._evictions
         # the access log outlives reloads (its pending lines and writer thread)
@@ -151,6 +169,7 @@ class Runtime:
                     store=shared,
                     on_breaker_event=self._breaker_event,
                     instances=instances,
+                    clock=given,
                 )
             h = settings.bulkhead
             metrics.bulkhead_limit.labels(name).set(h.limit if h else 0)
@@ -283,7 +302,7 @@ class Runtime:
             return
         self.metrics.store_evictions.inc(total - seen)
         self._evictions[0] = total
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - logged_at >= _EVICTION_LOG_EVERY:
             self._evictions[1] = now
             log.warning(

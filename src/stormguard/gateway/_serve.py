@@ -13,6 +13,11 @@
 # the runtime in one assignment; an invalid file keeps the running configuration
 # and logs every error line. Shutdown (SIGTERM/SIGINT): stop accepting, close
 # WebSockets with 1001, let requests in flight finish for `drain` seconds.
+#
+# `open_gateway` is the one place the proxy and admin listeners are assembled; the
+# process serves what it opens, and the tests open the same gateway inside their own
+# event loop with a FakeClock (`clock=`: the runtime's one clock, see _runtime.py),
+# so scenarios that span seconds run in virtual time without a hook in the process.
 from __future__ import annotations
 
 import asyncio
@@ -23,14 +28,19 @@ import socket
 import ssl as ssl_module
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._clock import Clock
 from ._accesslog import mark_default_handlers
 from ._config import GatewayConfig, GatewayConfigError, load_config, split_hostport
 from .http._server import HTTPServer, start_server
 
-__all__ = ["run"]
+if TYPE_CHECKING:
+    from ._app import AdminApp, Gateway
+
+__all__ = ["OpenGateway", "open_gateway", "run"]
 
 log = logging.getLogger("stormguard.gateway")
 
@@ -153,21 +163,65 @@ class _Watcher:
                 self.reload()
 
 
-async def _serve(
-    path: Path, config: GatewayConfig, *, workers: int, sock: socket.socket | None, with_admin: bool
-) -> None:
+@dataclass(slots=True)
+class OpenGateway:
+    """A gateway with its listeners open: the proxy's, and the admin app's (if any)."""
+
+    gateway: Gateway
+    servers: list[HTTPServer]
+    admin: AdminApp | None = None
+    stopped: bool = field(default=False)
+
+    async def drain(self, seconds: float) -> None:
+        """Stop accepting; let requests in flight finish for at most ``seconds``."""
+        await asyncio.gather(*(s.drain(seconds) for s in self.servers))
+
+    async def close(self) -> None:
+        """Stop the history sampler, then the gateway (WebSockets, pools, the store)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.admin is not None:
+            self.admin.stop()
+        await self.gateway.stop()  # (an ASGI server's lifespan shutdown)
+
+
+async def open_gateway(
+    config: GatewayConfig,
+    *,
+    workers: int = 1,
+    sock: socket.socket | None = None,
+    with_admin: bool = True,
+    clock: Clock | None = None,
+) -> OpenGateway:
+    """Build the gateway of ``config`` on the running loop and open its listeners
+    (``listen.http``, or ``sock``; ``listen.admin`` when ``with_admin``). ``clock``:
+    the gateway's one clock (default: the system clock; tests pass a FakeClock)."""
     from ._app import AdminApp, Gateway
     from ._metrics import StatusBuilder
 
-    gateway = Gateway(config, workers=workers)
+    gateway = Gateway(config, workers=workers, clock=clock)
     await gateway.start()  # (what an ASGI server's lifespan startup would call)
-    servers = [await _server(gateway, config, admin=False, sock=sock)]
-    admin_app = None
-    if with_admin and config.listen.admin:
-        status = StatusBuilder(gateway.metrics, _facts(config), _listener(config))
-        admin_app = AdminApp(status, lambda: gateway.ready)
-        servers.append(await _server(admin_app, config, admin=True))
-        admin_app.start()  # the history sampler
+    opened = OpenGateway(gateway, [])
+    try:
+        opened.servers.append(await _server(gateway, config, admin=False, sock=sock))
+        if with_admin and config.listen.admin:
+            status = StatusBuilder(gateway.metrics, _facts(config), _listener(config))
+            opened.admin = AdminApp(status, lambda: gateway.ready)
+            opened.servers.append(await _server(opened.admin, config, admin=True))
+            opened.admin.start()  # the history sampler
+    except BaseException:
+        await opened.drain(0.0)
+        await opened.close()
+        raise
+    return opened
+
+
+async def _serve(
+    path: Path, config: GatewayConfig, *, workers: int, sock: socket.socket | None, with_admin: bool
+) -> None:
+    opened = await open_gateway(config, workers=workers, sock=sock, with_admin=with_admin)
+    gateway, admin_app = opened.gateway, opened.admin
     watcher = _Watcher(path, gateway, admin_app)
     loop = asyncio.get_running_loop()
     grpc_leg = None
@@ -191,14 +245,12 @@ async def _serve(
     poller = asyncio.ensure_future(watcher.poll())
     try:
         await stopping.wait()
-        await asyncio.gather(*(s.drain(config.drain) for s in servers))
+        await opened.drain(config.drain)
     finally:
         poller.cancel()
         if grpc_leg is not None:
             await grpc_leg.stop(config.drain)
-        if admin_app is not None:
-            admin_app.stop()
-        await gateway.stop()  # (an ASGI server's lifespan shutdown)
+        await opened.close()
 
 
 def _print_ready(config: GatewayConfig, workers: int) -> None:

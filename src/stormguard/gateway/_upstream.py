@@ -7,14 +7,20 @@
 #
 # Nothing here speaks ASGI; the proxy leg (_proxy.py) asks for admission, picks a
 # target, and reports what happened.
+#
+# Time: the breaker's cooldown and window, the bulkhead's waits, the retry budget's
+# window and a target's ejection are all read on the one clock the pool is given
+# (the runtime's, so a test can run them on a FakeClock). The connection pool's
+# deadlines (connect/read timeouts, idle sweeps) stay on the event loop's clock:
+# they bound waits on real sockets.
 from __future__ import annotations
 
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._clock import SYSTEM_CLOCK, Clock, monotonic_of
 from ..core._breaker import Admission as BreakerAdmission
 from ..core._policy import RetryPolicy
 from ..protection import CircuitBreaker, RetryBudget
@@ -72,8 +78,11 @@ class Holder(Protocol):
     def client(self) -> str | None: ...
 
 
-def overload_of(settings: UpstreamSettings, name: str, instances: int) -> OverloadControl | None:
-    """The upstream's overload control (priority and overload stage), or None.
+def overload_of(
+    settings: UpstreamSettings, name: str, instances: int, clock: Clock | None = None
+) -> OverloadControl | None:
+    """The upstream's overload control (priority and overload stage), or None; its
+    waits, latencies and admission-control window on ``clock`` (default: the system's).
 
     The limit is per process: an adaptive limit follows the latency this process
     measures, and with ``instances`` processes (the fleet's ``instances``, else
@@ -89,14 +98,18 @@ def overload_of(settings: UpstreamSettings, name: str, instances: int) -> Overlo
     line = settings.overload
     limit: int | AdaptiveLimit
     if settings.adaptive is not None:
-        limit = AdaptiveLimit(**{"instances": instances, **settings.adaptive})
+        limit = AdaptiveLimit(**{"instances": instances, **settings.adaptive}, clock=clock)
     elif line is not None and line.limit is not None:
         limit = line.limit
     else:
         limit = _UNBOUNDED
-    admission = AdmissionControl(**settings.admission) if settings.admission is not None else None
+    admission = (
+        AdmissionControl(**settings.admission, clock=clock)
+        if settings.admission is not None
+        else None
+    )
     if line is None:
-        return OverloadControl(limit, admission=admission, name=name)
+        return OverloadControl(limit, admission=admission, name=name, clock=clock)
     return OverloadControl(
         limit,
         max_queue=line.max_queue,
@@ -106,6 +119,7 @@ def overload_of(settings: UpstreamSettings, name: str, instances: int) -> Overlo
         name=name,
         standing_wait=line.standing_wait,
         standing_after=line.standing_after,
+        clock=clock,
     )
 
 
@@ -113,7 +127,11 @@ _UNBOUNDED = 1 << 30  # admission control alone: no concurrency bound
 
 
 class UpstreamPool:
-    """An upstream's targets, connection pool and protection (built from its settings)."""
+    """An upstream's targets, connection pool and protection (built from its settings).
+
+    ``clock`` (default: the system clock) is the breaker's, the bulkhead's, the retry
+    budget's and the targets' ejection clock.
+    """
 
     def __init__(
         self,
@@ -123,8 +141,11 @@ class UpstreamPool:
         store: Any = None,
         on_breaker_event: Callable[[BreakerEvent], None] | None = None,
         instances: int = 1,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        self._monotonic = monotonic_of(clock)
         self.settings = settings
         self._shared = store is not None  # the breaker's state is in the store
         self.targets = [Target(url) for url in settings.all_targets]
@@ -139,6 +160,7 @@ class UpstreamPool:
                 name=f"gateway:{name}" if store is not None else name,
                 listeners=(on_breaker_event,) if on_breaker_event else (),
                 probe_lease=max(settings.timeout.connect + settings.timeout.read, 1.0),
+                clock=clock,
             )
         h = settings.bulkhead
         # The server side's Admission: the pool's bulkhead plus a per-client share.
@@ -149,6 +171,7 @@ class UpstreamPool:
                 max_wait=h.max_wait,
                 retry_after=max(1.0, h.max_wait),
                 name=name,
+                clock=clock,
             )
             if h
             else None
@@ -161,7 +184,7 @@ class UpstreamPool:
             # fleet when it holds in each process, and a shared budget would cost a
             # store round trip on every request (only the small reserve scales with
             # the number of processes).
-            self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0)
+            self.budget = RetryBudget(ratio=r.budget, min_per_second=1.0, clock=clock)
         # The attempts' retry policy (_retries.py), and the one for a request whose
         # body streams (it cannot be replayed: one attempt).
         self.policy = policy_of(self.attempts, self.budget, self.breaker)
@@ -177,7 +200,7 @@ class UpstreamPool:
         self.client = H1Pool(limit, settings.timeout, tls=self.tls, server_name=self.server_name)
         self._session: aiohttp.ClientSession | None = None
         self._gate = self._quick_gate()
-        self.overload = overload_of(settings, name, instances)
+        self.overload = overload_of(settings, name, instances, clock)
 
     # -- admission -----------------------------------------------------------------
 
@@ -244,9 +267,8 @@ class UpstreamPool:
         held.ticket = None
         if failure is None or ticket is True:
             return
-        # The breaker was made on the system clock (no clock given above): its
-        # settle() reads `now` on time.monotonic; no slow_call, so `started` is unused.
-        self._gate[1](ticket, 0.0, time.monotonic(), failure)  # type: ignore[index]
+        # `now` on the breaker's clock (the pool's); no slow_call, so `started` is unused.
+        self._gate[1](ticket, 0.0, self._monotonic(), failure)  # type: ignore[index]
 
     def admit_now(self, client: str) -> Held | Refusal | None:
         """:meth:`admit` when nothing has to be awaited: a breaker in this process and
@@ -305,7 +327,7 @@ class UpstreamPool:
         n = len(targets)
         if n == 1:
             return targets[0]
-        now = time.monotonic()
+        now = self._monotonic()
         for _ in range(n):
             target = targets[self._next % n]
             self._next += 1
@@ -345,7 +367,7 @@ class UpstreamPool:
             return
         target.failures += 1
         if target.failures >= self.settings.eject.failures and len(self.targets) > 1:
-            target.ejected_until = time.monotonic() + self.settings.eject.duration
+            target.ejected_until = self._monotonic() + self.settings.eject.duration
             target.failures = 0
 
     # -- the connection pool -----------------------------------------------------------

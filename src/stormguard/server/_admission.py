@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import AsyncRateLimiter, Bulkhead, Concurrency
+from .._clock import Clock
 from .._errors import BulkheadFull, ConfigError
 from ..core._decision import Decision
 from ._refusal import Refusal
@@ -25,7 +26,11 @@ __all__ = ["Admission", "AdmissionGroups", "SharedAdmission"]
 
 
 class Admission:
-    """Slots of one group (``limit``) and per client (``per_client``; None: no share cap)."""
+    """Slots of one group (``limit``) and per client (``per_client``; None: no share cap).
+
+    ``clock`` measures the group's waits (``max_wait``; default: the system clock),
+    as :class:`~stormguard.Bulkhead`'s ``clock`` does.
+    """
 
     __slots__ = ("_clients", "_lock", "bulkhead", "per_client", "retry_after")
 
@@ -37,8 +42,9 @@ class Admission:
         max_wait: float = 0.0,
         retry_after: float = 1.0,
         name: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        self.bulkhead = Bulkhead(limit, max_wait=max_wait, name=name)
+        self.bulkhead = Bulkhead(limit, max_wait=max_wait, name=name, clock=clock)
         if per_client is not None and (
             isinstance(per_client, bool) or not isinstance(per_client, int) or per_client < 1
         ):

@@ -4,8 +4,10 @@
 logs exactly the bytes each connection receives, and answers each request from a
 script: ``script(request) -> steps``, where a step is bytes to write, ``Drip(data)``
 (written one byte at a time), ``Pause(seconds)``, ``CLOSE``, ``HOLD`` (write nothing
-more; the connection stays open) or ``Later(seconds, data)`` (bytes written on the
-same connection after the answer, while it is idle: an unrequested late answer).
+more; the connection stays open), ``Later(seconds, data)`` (bytes written on the
+same connection after the answer, while it is idle: an unrequested late answer) or
+``Park(data)`` (bytes kept until the test calls :meth:`RawUpstream.release_parked`,
+when it knows the proxy holds the connection idle in its pool).
 
 :func:`exchange` is the raw client: it sends bytes to the gateway and reads one
 answer with h11 (the answer's status, headers and body, and whether it was cut).
@@ -27,6 +29,7 @@ __all__ = [
     "Answer",
     "Drip",
     "Later",
+    "Park",
     "Pause",
     "RawUpstream",
     "Request",
@@ -56,9 +59,16 @@ class Later:
     data: bytes
 
 
+@dataclass(frozen=True)
+class Park:
+    """Bytes written on the same connection when the test releases them."""
+
+    data: bytes
+
+
 CLOSE = "close"
 HOLD = "hold"
-Step = bytes | Drip | Pause | Later | str
+Step = bytes | Drip | Pause | Later | Park | str
 
 
 @dataclass
@@ -101,6 +111,7 @@ class RawUpstream:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._open: list[socket.socket] = []
+        self._parked: list[tuple[socket.socket, Connection, bytes]] = []
 
     def __enter__(self) -> RawUpstream:
         thread = threading.Thread(target=self._accept, daemon=True)
@@ -118,6 +129,10 @@ class RawUpstream:
     def stop(self) -> None:
         """Stop listening and close every connection."""
         self._stopping = True
+        try:  # wakes the thread blocked in accept() (close alone does not, on Linux)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
         with self._lock:
             for conn in self._open:
@@ -137,6 +152,16 @@ class RawUpstream:
     def wait_closed(self, connection: int, timeout: float = 5.0) -> bool:
         """Whether the gateway closes connection number ``connection`` within ``timeout``."""
         return self.connections[connection].closed.wait(timeout)
+
+    def release_parked(self, within: float = 0.5) -> int:
+        """Write every parked step's bytes now; wait (up to ``within`` seconds in all)
+        for the peers to close those connections. How many closed."""
+        with self._lock:
+            parked, self._parked = self._parked, []
+        for sock, _, data in parked:
+            _send_quietly(sock, data)
+        deadline = time.monotonic() + within
+        return sum(conn.closed.wait(max(0.0, deadline - time.monotonic())) for _, conn, _ in parked)
 
     # -- the server ---------------------------------------------------------------------
 
@@ -217,6 +242,9 @@ class RawUpstream:
                 timer = threading.Timer(step.seconds, _send_quietly, (sock, step.data))
                 timer.daemon = True
                 timer.start()
+            elif isinstance(step, Park):
+                with self._lock:
+                    self._parked.append((sock, self.connections[request.connection], step.data))
             elif step == CLOSE:
                 sock.shutdown(socket.SHUT_RDWR)
                 return False

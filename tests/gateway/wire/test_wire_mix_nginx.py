@@ -10,7 +10,10 @@ the connection was reused cannot always be told from the real one (nginx gives s
 out too), so that case is measured against nginx in the same run (issue 24, item 3):
 wrong answers of any kind at most 1.5x nginx's, answers meant for another client at
 most max(3x nginx's, 10), correct answers at least 0.9x nginx's. In the same-read
-case no client may ever get another client's answer.
+case no client may ever get another client's answer. The ``idle`` case runs in rounds
+and writes the late answer once the round is over, while every pooled connection is
+idle: a proxy that keeps such bytes for the next request fails the same bounds
+(nginx, which drops the connection, gives out none).
 
 nginx missing: the test is skipped, unless ``STORMGUARD_REQUIRE_NGINX=1`` (CI).
 """
@@ -29,7 +32,7 @@ from typing import Any
 
 import pytest
 from rawclient import Connection
-from rawupstream import CLOSE, Later, RawUpstream, Request, Step
+from rawupstream import CLOSE, Later, Park, RawUpstream, Request, Step
 
 from net_support import free_port, listening, stop_process, wait_started
 
@@ -48,6 +51,12 @@ ROUNDS = 1000  # requests per client per proxy (2,000 honest ones per proxy)
 LATE_EVERY = 10
 CONNECTION_REQUESTS = 20
 LATE_DELAYS = (0.0, 0.0005, 0.001, 0.002, 0.004)
+# The `idle` case runs in rounds: every client sends one request, and once all are
+# answered (every pooled connection back in its pool, idle) the upstream writes a late
+# answer for each of the third client's requests. A proxy can tell those were never
+# asked for and must drop the connection; one that kept the bytes would hand them to
+# whichever client's request reuses it next.
+IDLE_ROUNDS = 100
 
 
 def _nginx_or_skip() -> str:
@@ -84,6 +93,8 @@ def _script(request: Request) -> Iterable[Step]:
     extra = _answer(f"{tag}-extra")  # names the third client's request
     if path.endswith("/same_read"):
         return (answer + extra,)  # two answers in one write
+    if path.endswith("/idle"):
+        return (answer, Park(extra))  # written when the round is over
     number, rest = divmod(int(client.removeprefix(EVIL)), LATE_EVERY)
     if rest:
         return (answer,)
@@ -112,11 +123,20 @@ class Proxy:
     prefix: str
 
 
-def _client(proxy: Proxy, name: str, client: str, scenario: str, counts: Counts) -> None:
+def _client(
+    proxy: Proxy,
+    name: str,
+    client: str,
+    scenario: str,
+    counts: Counts,
+    rounds: threading.Barrier | None,
+) -> None:
     port = proxy.port
     conn = Connection(port, timeout=10)
     try:
-        for i in range(ROUNDS):
+        for i in range(ROUNDS if rounds is None else IDLE_ROUNDS):
+            if rounds is not None and i:
+                rounds.wait(timeout=30)  # every client's previous answer is in
             tag = f"{name}-{client}{i}"
             target = f"{proxy.prefix}/{scenario}?tag={tag}"
             conn.send(f"GET {target} HTTP/1.1\r\nHost: mix.test\r\n\r\n".encode())
@@ -139,20 +159,28 @@ def _client(proxy: Proxy, name: str, client: str, scenario: str, counts: Counts)
             if answer.header(b"connection") == b"close":
                 conn.close()
                 conn = Connection(port, timeout=10)
+        if rounds is not None:
+            rounds.wait(timeout=30)
     finally:
         conn.close()
 
 
-def _mix(proxies: dict[str, Proxy], scenario: str) -> dict[str, Counts]:
-    """Every proxy's three clients at once; the counts per proxy."""
+def _mix(
+    proxies: dict[str, Proxy], scenario: str, upstream: RawUpstream | None = None
+) -> dict[str, Counts]:
+    """Every proxy's three clients at once; the counts per proxy. With ``upstream``, in
+    rounds: the parked late answers are written between two rounds."""
     totals = {name: Counts() for name in proxies}
     parts: list[tuple[str, Counts]] = []
     threads = []
+    rounds = None
+    if upstream is not None:
+        rounds = threading.Barrier(len(proxies) * (len(HONEST) + 1), upstream.release_parked)
     for name, proxy in proxies.items():
         for client in (*HONEST, EVIL):
             counts = Counts()
             parts.append((name, counts))
-            args = (proxy, name, client, scenario, counts)
+            args = (proxy, name, client, scenario, counts, rounds)
             threads.append(threading.Thread(target=_client, args=args, daemon=True))
     for thread in threads:
         thread.start()
@@ -269,6 +297,23 @@ def test_late_answer_relative_to_nginx(proxies: dict[str, Proxy]) -> None:
     at least 0.9x nginx's, in the same run."""
     counts = _mix(proxies, "late")
     print(f"late: {counts}")
+    nginx = counts.pop("nginx")
+    for path, gateway in counts.items():
+        why = f"{path}: {gateway} against nginx's {nginx}"
+        assert gateway.wrong <= 1.5 * nginx.wrong, why
+        assert gateway.foreign <= max(3 * nginx.foreign, 10), why
+        assert gateway.correct >= 0.9 * nginx.correct, why
+
+
+def test_late_answer_on_an_idle_pooled_connection_relative_to_nginx(
+    proxies: dict[str, Proxy], upstream: RawUpstream
+) -> None:
+    """An unrequested answer written while the connection waits idle in the proxy's pool
+    (after every answer of the round was complete): the bounds above, in the same run
+    as nginx; the gateway drops such a connection, so it hands no client's answer to
+    another."""
+    counts = _mix(proxies, "idle", upstream)
+    print(f"idle: {counts}")
     nginx = counts.pop("nginx")
     for path, gateway in counts.items():
         why = f"{path}: {gateway} against nginx's {nginx}"
