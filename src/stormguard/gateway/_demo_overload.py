@@ -23,7 +23,6 @@ import asyncio
 import logging
 import math
 import random
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -39,7 +38,7 @@ try:
     from rich.console import Console
     from rich.table import Table
 
-    from ._demo_parts import GatewayProcess
+    from ._demo_parts import GatewayProcess, serve_loopback
 except ImportError as exc:  # pragma: no cover - needs the extra missing
     raise MissingExtra(exc.name or "aiohttp", "gateway") from exc
 
@@ -74,14 +73,7 @@ class CapacityUpstream:
 
     async def start(self) -> None:
         """Listen on a free loopback port."""
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = int(sock.getsockname()[1])
-        await web.SockSite(self._runner, sock).start()
+        self._runner, self.port = await serve_loopback(self._handle)
 
     async def drain(self) -> None:
         """Wait for the work still queued (between runs)."""

@@ -21,7 +21,14 @@ from aiohttp import web
 import stormguard
 from stormguard.httpx import RetryTransport
 
-__all__ = ["GUARDED_KEY", "NAIVE_KEY", "DemoUpstream", "GatewayProcess", "gateway_config"]
+__all__ = [
+    "GUARDED_KEY",
+    "NAIVE_KEY",
+    "DemoUpstream",
+    "GatewayProcess",
+    "gateway_config",
+    "serve_loopback",
+]
 
 NAIVE_KEY, GUARDED_KEY = "naive-loop-key", "stormguard-client-key"
 _THINK = 0.05  # seconds a client waits between two successful calls
@@ -52,14 +59,7 @@ class DemoUpstream:
 
     async def start(self) -> None:
         """Listen on a free loopback port."""
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = int(sock.getsockname()[1])
-        await web.SockSite(self._runner, sock).start()
+        self._runner, self.port = await serve_loopback(self._handle)
 
     def reset(self) -> None:
         """Start a new run: healthy, no arrivals, time zero now."""
@@ -72,6 +72,18 @@ class DemoUpstream:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+async def serve_loopback(handler: Any) -> tuple[web.AppRunner, int]:
+    """Serve every path with ``handler`` on a free 127.0.0.1 port: (runner, port)."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    return runner, int(sock.getsockname()[1])
 
 
 # --- the clients ----------------------------------------------------------------
