@@ -22,6 +22,31 @@ from net_support import PortTaken, free_port, listening, stop_process, wait_star
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent.parent / "src"
 
+# The request chain's drivers (gateway/chain): every test that starts a gateway
+# process runs once per driver, the process started with STORMGUARD_GATEWAY_DRIVER.
+DRIVERS = ("callback", "resume")
+_STARTERS = frozenset({"gateway_factory", "start_gateway", "processes", "gateway_driver"})
+_STARTING_MODULES = frozenset({"test_gateway_lifecycle"})  # they start processes themselves
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize the tests that start a gateway over the chain's drivers."""
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if _STARTERS.isdisjoint(metafunc.fixturenames) and module not in _STARTING_MODULES:
+        return
+    if "gateway_driver" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("gateway_driver")
+    metafunc.parametrize("gateway_driver", DRIVERS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def gateway_driver(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The chain driver the module's gateway processes run (their environment's
+    STORMGUARD_GATEWAY_DRIVER)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STORMGUARD_GATEWAY_DRIVER", request.param)
+        yield request.param
+
 
 @dataclass
 class Upstream:
@@ -161,7 +186,7 @@ def upstream_factory() -> Iterator[Callable[[str], Upstream]]:
 
 
 @pytest.fixture
-def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+def gateway_factory(tmp_path: Path, gateway_driver: str) -> Iterator[Callable[..., Gateway]]:
     """Start gateway processes from config dicts; all are stopped after the test."""
     started: list[Gateway] = []
 

@@ -1,4 +1,4 @@
-"""The callback path (_fastpath.py) on the gateway's own listener (http/_listener.py)."""
+"""The request chain's direct exchanges (chain/) on the gateway's own listener (http/_listener.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from stormguard.gateway._config import parse_config
-from stormguard.gateway._fastpath import begin
+from stormguard.gateway.chain import begin
 from stormguard.gateway._metrics import GatewayMetrics
 from stormguard.gateway._runtime import Runtime
 
@@ -166,14 +166,12 @@ def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]] | None = N
         ("POST", "/x", []),  # a body may come
         ("GET", "/x", [(b"content-length", b"3")]),
         ("GET", "/x", [(b"transfer-encoding", b"chunked")]),
-        ("GET", "/keyed", []),  # an idempotency route
-        ("GET", "/x", []),  # no idle upstream connection yet
     ],
 )
-def test_other_requests_go_to_the_asgi_path_untouched(
+def test_requests_with_a_body_go_to_the_asgi_leg_untouched(
     method: str, path: str, headers: list[tuple[bytes, bytes]]
 ) -> None:
-    """Anything but the common case is handed over before a limit or a turn is taken."""
+    """A request that may have a body is left to the listener's cycle before a stage runs."""
     runtime = Runtime(parse_config(yaml.safe_dump(CONFIG)), GatewayMetrics())
     pool = runtime.upstreams["a"]
     turn = pool.turn

@@ -7,7 +7,7 @@ protection, limiting and stores rather than rewritten:
 * ``_config``: the pydantic models; every error as ``file:line:col: path: message``;
 * ``_runtime``: a validated config as live objects (swapped whole on reload);
 * ``_upstream``: per upstream its targets, connection pool, breaker, bulkhead, budget;
-* ``_proxy`` / ``_ws``: the HTTP and WebSocket legs; ``_wire``: proxy headers;
+* ``chain`` / ``_ws``: the HTTP request chain and the WebSocket leg; ``_wire``: proxy headers;
 * ``_metrics`` / ``_app``: Prometheus metrics, /status, the admin app;
 * ``_tls``: the listener's and the upstreams' TLS contexts;
 * ``http``: the HTTP/1.1 listener (the project's own, over httptools);

@@ -19,11 +19,10 @@ from .._clock import Clock
 from ..server._types import Receive, Scope, Send
 from ._config import GatewayConfig
 from ._dashboard import DASHBOARD_PATHS, send_dashboard
-from ._fastpath import begin
 from ._metrics import GatewayMetrics, StatusBuilder
-from ._proxy import handle_http
 from ._runtime import Runtime
 from ._ws import WebSocketHub, handle_websocket
+from .chain import driver_of, entry_for, handle_http
 
 __all__ = ["AdminApp", "Gateway"]
 
@@ -43,12 +42,16 @@ class Gateway:
     ) -> None:
         self.metrics = GatewayMetrics()
         self.workers = workers
+        # STORMGUARD_GATEWAY_DRIVER (chain/__init__.py): a bad value stops the start.
+        self.driver = driver_of()
+        self._entry = entry_for(self.driver)
         self.runtime = Runtime(config, self.metrics, workers=workers, clock=clock)
         self.clock: Clock = self.runtime.clock
-        # The callback path of the current runtime (_fastpath.begin bound to it),
-        # ``fast(proto, scope, keep_alive)``: the server calls it for each request
-        # (None: the server runs the ASGI app for it). Replaced with the runtime.
-        self.fast: Callable[[Any, Any, bool], Any] = partial(begin, self.runtime)
+        # The chain's entry for the current runtime (chain.begin, or begin_resume,
+        # bound to it), ``fast(proto, scope, keep_alive)``: the listener calls it for
+        # each request it can hand over with its head (None: the listener runs the
+        # ASGI app for it). Replaced with the runtime.
+        self.fast: Callable[[Any, Any, bool], Any] = partial(self._entry, self.runtime)
         self.hub = WebSocketHub()
         self.ready = False
         self._refresher: asyncio.Task[None] | None = None
@@ -57,7 +60,7 @@ class Gateway:
         """Atomically replace the configuration (the new one is already validated)."""
         new = Runtime(config, self.metrics, workers=self.workers, previous=self.runtime)
         old, self.runtime = self.runtime, new
-        self.fast = partial(begin, new)
+        self.fast = partial(self._entry, new)
         asyncio.get_running_loop().call_later(
             old.config.drain + 1.0, lambda: asyncio.ensure_future(new.close_retired())
         )

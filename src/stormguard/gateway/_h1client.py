@@ -532,7 +532,7 @@ Body = bytes | AsyncIterable[bytes] | None
 
 
 class Sink(Protocol):
-    """Who hears an answer as it arrives (the proxy's callback path, _fastpath.py)."""
+    """Who hears an answer as it arrives (a direct exchange, chain/_exchange.py)."""
 
     def answer_head(self, response: H1Response) -> None: ...
     def answer_body(self, chunk: bytes) -> None: ...

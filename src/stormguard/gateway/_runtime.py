@@ -96,7 +96,7 @@ class CompiledRoute:
     leased: dict[str, Any]  # limit name -> limiter, for Concurrency limits
     classify: Classify | None = None  # the request's priority class (overload control)
     idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
-    callback: int | None = None  # how the callback path serves it (_fastpath.py); None: not asked
+    stages: tuple[Any, ...] = ()  # the request chain's stages for it (chain.stages_of), once
 
     def matches(self, path: str, method: str, host: str | None) -> bool:
         """Prefix (segment-aware), methods and host match."""

@@ -5,7 +5,7 @@
 # side's Admission (a Bulkhead with a per-client share), and a RetryBudget for the
 # retries of safe failures.
 #
-# Nothing here speaks ASGI; the proxy leg (_proxy.py) asks for admission, picks a
+# Nothing here speaks ASGI; the request chain (chain/) asks for admission, picks a
 # target, and reports what happened.
 #
 # Time: the breaker's cooldown and window, the bulkhead's waits, the retry budget's
@@ -58,7 +58,7 @@ class Held:
 
     ``ticket`` instead of a permit: what :meth:`UpstreamPool.enter` admitted with
     (reported with :meth:`UpstreamPool.settle`). The callback path's exchange
-    holds these fields itself (_fastpath.py).
+    holds these fields itself (chain/_exchange.py).
     """
 
     permit: Permit | None

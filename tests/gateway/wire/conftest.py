@@ -59,9 +59,10 @@ def _admin_ok(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def start_gateway(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, gateway_driver: str
 ) -> Iterator[Callable[[dict[str, Any]], WireGateway]]:
-    """Start gateway processes from config dicts; all stop with the module."""
+    """Start gateway processes from config dicts, on the chain driver
+    ``gateway_driver`` (tests/gateway/conftest.py); all stop with the module."""
     started: list[WireGateway] = []
 
     def start(config: dict[str, Any]) -> WireGateway:

@@ -27,7 +27,8 @@ def _ok(request: Request) -> tuple[Step, ...]:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[RawUpstream]:
+def upstream(gateway_driver: str) -> Iterator[RawUpstream]:
+    """One upstream per chain driver (its record of requests is per gateway)."""
     with RawUpstream(_ok) as up:
         yield up
 

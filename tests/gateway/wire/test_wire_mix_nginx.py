@@ -229,7 +229,8 @@ def _nginx_conf(directory: Path, port: int, upstream: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[RawUpstream]:
+def upstream(gateway_driver: str) -> Iterator[RawUpstream]:
+    """One upstream per chain driver (its record of requests is per gateway)."""
     with RawUpstream(_script) as up:
         yield up
 

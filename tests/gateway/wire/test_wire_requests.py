@@ -48,7 +48,9 @@ def _config(upstream: int, *, asgi: bool) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Front]]:
+def processes(
+    tmp_path_factory: pytest.TempPathFactory, gateway_driver: str
+) -> Iterator[dict[str, Front]]:
     procs = Processes(tmp_path_factory.mktemp("wire"))
     try:
         upstream = procs.upstream()

@@ -145,7 +145,8 @@ def _script(request: Request) -> Iterable[Step]:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[RawUpstream]:
+def upstream(gateway_driver: str) -> Iterator[RawUpstream]:
+    """One upstream per chain driver (its record of requests is per gateway)."""
     with RawUpstream(_script) as up:
         yield up
 

@@ -193,7 +193,7 @@ class Listener(asyncio.Protocol):
         self.armed_at = 0.0
         self.begun = False  # a request began since the deadline was armed
         self.idle_close = False  # the deadline also stands for the keep-alive one
-        # Kept per connection by the callback path (_fastpath.py): the client of
+        # Kept per connection by the request chain (chain/_stages.py): the client of
         # every request when the identity rules make it one, its route's limits,
         # the last upstream request's header lines and the last answer's head.
         self.client_known: Any = None

@@ -1,189 +1,44 @@
-# The proxy leg's callback path: the common request served without a task.
-#
-# Most gateway traffic is a bodyless request (GET, HEAD, DELETE, OPTIONS) on a
-# route with plain limits, to an upstream that has an idle keep-alive connection.
-# For those, everything but the two network hops is synchronous -- limits on the
-# MemoryStore, the breaker and the bulkhead of this process -- so the request is
-# decided in the server's parser callback, written to the upstream connection
-# there, and answered from the upstream parser's callbacks (_h1client.Sink). No
-# task, no coroutine, no ASGI message per request: on a loaded two-core box this
-# is most of the gateway's per-request cost (bench/bench_gateway.py).
-#
-# The rules are the proxy leg's (_proxy.py), called, not copied: route_of,
-# identify, limit_refusal, the pool's enter (its lock-free gate) or admit_now,
-# request/response_headers, account. A request
-# that is anything else -- a body, a WebSocket, an idempotent or shaped route,
-# Concurrency limits, retries, overload control, a store that must be awaited, no idle connection,
-# a breaker or bulkhead that refuses or would make it wait -- is handed to the
-# ASGI path (handle_http) *before* anything was taken, so it is decided there once.
+# One request through the chain: its state (what the stages found), its
+# bookkeeping (metrics and the access log) and its answer. A request the listener
+# hands over with its head (bodyless, not pipelined) is a *direct* exchange: it is
+# the connection's cycle for the listener (``response_complete``, ``disconnected``,
+# ``on_lost``, ``message_event``, ``keep_alive``, ``resumed``), its answer is
+# written to the client's transport from the upstream parser's callbacks (the
+# exchange is the upstream's _h1client.Sink), its head rendered in one pass from
+# the upstream's raw headers (_wire.response_head). A request with a body, or one
+# a stage needs to read through ASGI (idempotency, retries, Concurrency limits),
+# runs on the *ASGI leg*: ``send``/``receive`` are set and the answer goes out
+# as ASGI messages (chain/_asgi.py) through the listener's Cycle.
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Any
 
-from .._errors import CircuitOpen
-from ..protection._permit import Permit
-from ..server._refusal import Refusal, unavailable
-from ..server._view import ScopeView
-from ._clients import client_id
-from ._h1client import H1Response, UpstreamConnectError, UpstreamError
-from ._proxy import _BODYLESS, _BUFFER, _Exchange, account, limit_refusal
-from ._retries import stale_resend
-from ._runtime import CLIENT_KEY, CompiledRoute, Runtime
-from ._upstream import Held, Holder, Target, UpstreamPool
-from ._wire import patched_block, request_headers, response_head
+from ...protection._permit import Permit
+from ...server._refusal import Refusal, send_refusal
+from ...server._view import ScopeView
+from .._h1client import H1Response, UpstreamConnectError, UpstreamError
+from .._retries import stale_resend
+from .._runtime import CompiledRoute, Runtime
+from .._upstream import Held, Holder, UpstreamPool
+from .._wire import DISCONNECT, patched_block, request_headers, response_head
+from ..http._cycle import Cycle
+from ._books import BUFFER, account
+from ._driver import arun, resumed, run
 
-__all__ = ["begin"]
+__all__ = ["Exchange", "serve"]
 
 log = logging.getLogger("stormguard.gateway")
 # Reports to a shared breaker on their way to the store (kept until done).
 _REPORTS: set[asyncio.Task[None]] = set()
-
 _NO_BODY_STATUS = (204, 304)
-# Host header -> the host name routes match (lower-cased, port cut): a few hosts
-# arrive again and again. Bounded: cleared when full.
-_HOSTNAMES: dict[bytes, str] = {}
-_MAX_HOSTNAMES = 1024
-
-
-# How a route's bodyless requests are served (CompiledRoute.callback, decided once):
-# in the parser's callbacks (NOW: everything it decides is in this process), after
-# one task awaits its limits and admission (AWAIT: a store or a shared breaker to
-# ask, then the same callbacks), or by the ASGI path (ASGI: idempotency, shaping,
-# Concurrency limits, retries).
-NOW, AWAIT, ASGI = 1, 2, 0
-
-
-def _mode(route: CompiledRoute) -> int:
-    pool = route.upstream
-    rules = route.rules
-    if (
-        route.config.idempotency != "off"
-        or route.delay is not None
-        or route.leased
-        or pool.attempts != 1
-        or pool.overload is not None  # the priority and overload stage may make it wait
-    ):
-        return ASGI
-    return NOW if (rules is None or rules.in_memory) and not pool._shared else AWAIT
-
-
-def begin(rt: Runtime, proto: Any, scope: dict[str, Any], keep_alive: bool) -> FastExchange | None:
-    """Serve the request of ``scope`` on the callback path; None: take the ASGI path."""
-    method = scope["method"]
-    if method not in _BODYLESS:
-        return None
-    host = None
-    for name, value in scope["headers"]:
-        if name == b"host":
-            host = value
-        elif (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
-            return None
-    hostname = None
-    if host:
-        hostname = _HOSTNAMES.get(host)
-        if hostname is None:
-            hostname = host.decode("latin-1").rsplit(":", 1)[0].lower()
-            if len(_HOSTNAMES) >= _MAX_HOSTNAMES:
-                _HOSTNAMES.clear()
-            _HOSTNAMES[host] = hostname
-    route = rt.match(scope["path"], method, hostname)
-    if route is None:
-        return None
-    mode = route.callback
-    if mode is None:  # the route's settings decide it once
-        mode = route.callback = _mode(route)
-    if mode == ASGI:
-        return None
-    pool = route.upstream
-    view: ScopeView | None = None  # the request as the rules read it, made when asked
-    identity = rt.identity
-    known = proto.client_known  # (identity, rule, key, client id, token) of this connection
-    # issue 24: clients named by headers are named again only when those headers change
-    token = identity.token(scope["headers"]) if identity.header_names is not None else None
-    steady = known is not None and known[0] is identity and known[4] == token
-    if steady:
-        _, rule, key, client, _ = known
-    else:
-        view = identity.view(scope, token)
-        rule, key = identity.identify(view)
-        # The key's loggable name (a SHA-256) only where it is needed now; else "" and
-        # named when counted or logged (issue 24: not per request for 100k clients).
-        client = client_id(key) if mode == AWAIT else ""
-        # The same client on every request of the connection, when only its address
-        # can name it: named once; by headers, until they change.
-        cached = identity.per_connection or token is not None
-        proto.client_known = (identity, rule, key, client, token) if cached else None
-        proto.limits_known = None
-    if mode == AWAIT:
-        scope[CLIENT_KEY] = key
-        exchange = FastExchange(  # admitted by the task, later
-            proto, scope, keep_alive, rt, route, pool, None, None, time.perf_counter(), None
-        )
-        exchange.client, exchange.rule = client, rule
-        # fleet (issue 25): the limits join the store's next batch now, from the parser
-        # callback (RuleSet.submit); the task below only awaits the answer.
-        view = view or ScopeView(scope)
-        rules = route.rules
-        decided = rules.submit(view, method, scope["path"], quiet=True) if rules else None
-        # (the protocol's loop: on Python 3.11 get_running_loop() is a getpid() syscall)
-        exchange.waiting = proto.loop.create_task(exchange.admit_then_send(decided))
-        return exchange
-    ready = pool.pick_ready()
-    if ready is None:
-        return None
-    target, conn, turn = ready
-    held: Held | None = None
-    ticket = pool.enter()
-    if ticket is None:  # the lock-free gate cannot say: the pool's own methods
-        try:
-            admitted = pool.admit_now(client or client_id(key))
-        except CircuitOpen:
-            admitted = None
-        if not isinstance(admitted, Held):  # refused or would wait: the ASGI path decides
-            pool.client.idle(conn)
-            pool.turn = turn
-            return None
-        held = admitted
-    started = time.perf_counter()
-    scope[CLIENT_KEY] = key
-    exchange = FastExchange(
-        proto, scope, keep_alive, rt, route, pool, held, target, started, ticket
-    )
-    exchange.client, exchange.rule = client, rule
-    rules = route.rules
-    if rules is not None:
-        # A connection's one client meets the same limit keys on every request
-        # (a route's limits are per client or global): found once per route, and
-        # decided by the store's group hitter for them (RuleSet.refusal_hitter).
-        cached = proto.limits_known
-        if steady and cached is not None and cached[0] is rules:
-            decision = cached[1]()
-        else:
-            view = view or ScopeView(scope)
-            limits = rules.plain_limits(view)
-            if limits is None:
-                decision = rules.refusal(view, method, scope["path"])
-            elif steady or identity.per_connection:  # this client, from now on (by headers:
-                # once it came twice, not for a connection whose every request is another)
-                refusal = rules.refusal_hitter(limits)
-                proto.limits_known = (rules, refusal)
-                decision = refusal()
-            else:
-                decision = rules.refusal_of(limits)
-        if decision is not None:
-            pool.client.idle(conn)
-            pool.turn = turn
-            exchange.refuse(limit_refusal(route, decision))
-            return exchange
-    exchange.send(conn)
-    return exchange
 
 
 class _NoEvent:
-    """The callback path's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
+    """A direct exchange's stand-in for the cycle's asyncio.Event (nobody waits on it)."""
 
     __slots__ = ()
     # A no-op in C (the listener calls it when the client goes away): set() -> None.
@@ -193,47 +48,54 @@ class _NoEvent:
 _NO_EVENT = _NoEvent()
 
 
-class FastExchange(_Exchange):
-    """One request on the callback path: the connection's cycle, the upstream's sink
-    and the request's bookkeeping (:class:`_Exchange`) in one object.
-
-    The listener (http/_listener.py) sees it as the connection's cycle (``response_complete``,
-    ``disconnected``, ``keep_alive``, ``more_body``, ``body``, ``message_event``);
-    the answer goes straight to the client's transport: its head is rendered in one
-    pass from the upstream's raw headers (:func:`_wire.response_head`) and written
-    with the body -- one write for a small answer. The request to the upstream and
-    a small answer go out with the rest of the loop pass's (the listener's outbox,
-    _outbox.py); a streamed body goes out at once.
-    """
+class Exchange:
+    """One request: the stages' findings, the books, and the answer (module comment)."""
 
     message_event = _NO_EVENT  # the listener calls its set(); nobody waits on it
     __slots__ = (
         "admitted",
+        "at",
         "body",
         "chunked",
+        "client",
+        "cycle",
+        "decision",
         "disconnected",
+        "done",
         "finished",
+        "gone",
         "head",
         "held",
+        "host",
         "keep_alive",
+        "key",
         "method",
         "more_body",
         "on_lost",
+        "outcome",
         "pending",
         "permit",
         "pool",
         "proto",
+        "receive",
         "request",
         "resend",
         "response",
         "response_complete",
         "route",
         "rt",
+        "rule",
         "scope",
+        "send",
         "sent",
+        "stages",
         "started",
+        "status",
+        "steady",
         "target",
         "ticket",
+        "upstream",
+        "view",
         "waiting",
         "whole",
     )
@@ -244,28 +106,32 @@ class FastExchange(_Exchange):
         scope: dict[str, Any],
         keep_alive: bool,
         rt: Runtime,
-        route: CompiledRoute,
-        pool: UpstreamPool,
-        held: Held | None,
-        target: Target | None,
-        started: float,
-        ticket: Any,
+        host: bytes | None,
+        stages: tuple[Any, ...],
     ) -> None:
-        # _Exchange's fields, set here (one frame less per request)
         self.outcome, self.status, self.client, self.rule, self.upstream = "allowed", 0, "", "", ""
         self.gone = self.done = False
         self.proto, self.scope, self.keep_alive = proto, scope, keep_alive
         self.method = scope["method"]
-        self.rt, self.route, self.pool = rt, route, pool
+        self.rt = rt
+        self.host = host
+        self.stages = stages
+        self.at = 0  # the stage waiting on a future
+        self.route: CompiledRoute = None  # type: ignore[assignment]  # (the route stage's)
+        self.pool: UpstreamPool = None  # type: ignore[assignment]
+        self.key: Any = None
+        self.view: Any = None  # the request as the rules read it, made when asked
+        self.steady = False  # the connection's client, known from its last request
+        self.decision: Any = None  # a Concurrency limit's decision (its lease)
         # What the request holds of the upstream: the Held the pool's methods gave,
         # else (None) the exchange holds it itself (a Holder): the ticket of the
         # pool's lock-free gate (UpstreamPool.enter), and the bulkhead slot.
-        self.held = held
-        self.ticket = ticket
-        self.admitted = ticket is not None
+        self.held: Held | None = None
+        self.ticket: Any = None
+        self.admitted = False
         self.permit: Permit | None = None
-        self.target: Any = target  # a Target once one is picked (the awaited path: later)
-        self.started = started
+        self.target: Any = None
+        self.started = time.perf_counter()
         self.sent = 0.0
         self.response_complete = self.disconnected = False
         self.more_body = False
@@ -278,12 +144,58 @@ class FastExchange(_Exchange):
         self.chunked = False  # the answer's body is framed here (its length is unknown)
         self.pending: list[bytes] = []
         self.on_lost: Any = self.lost
-        self.waiting: asyncio.Task[None] | None = None  # the awaited path's task
+        self.waiting: asyncio.Task[None] | None = None  # a stage's coroutine, running
         self.finished = False
+        # The ASGI leg (None on a direct exchange).
+        self.receive: Any = None
+        self.send: Any = None
+        self.cycle: Any = None
+
+    # -- the drivers' hooks -----------------------------------------------------------
+
+    def on_result(self, future: Any) -> None:
+        """The future stage ``at`` waited on is done (its done-callback)."""
+        try:
+            result = future.result()
+        except Exception:
+            self.fail()
+            return
+        resumed(self, result)
+
+    def run_from(self, i: int) -> None:
+        """Driver 2's start: the chain from stage ``i`` (a loop callback)."""
+        run(self, i)
+
+    def to_cycle(self, i: int) -> None:
+        """Stage ``i`` must read through ASGI: the listener's Cycle takes the request
+        over (in a task) and the chain goes on there from that stage."""
+        proto = self.proto
+        cycle = Cycle(proto, self.scope, self.keep_alive, False)
+        cycle.more_body = False  # a direct exchange's request has no body
+        self.scope[DISCONNECT] = cycle
+        self.cycle, self.on_lost = cycle, None
+        if proto.cycle is self:
+            proto.cycle = cycle
+        cycle.start(partial(_on_cycle, self, i))
+
+    def fail(self) -> None:
+        """A stage raised: log it and answer 502 if nothing went out yet."""
+        log.exception("gateway error on %s %s", self.method, self.scope["path"])
+        if self.send is None and self.status == 0 and not self.disconnected:
+            self.refuse(Refusal.of(502, "gateway error", reason="gateway_error"))
+
+    def client_left(self) -> bool:
+        """Whether the client of a direct exchange went away (read after each wait)."""
+        return self.disconnected
+
+    async def arefuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` on the ASGI leg."""
+        self.status, self.outcome = refusal.status, refusal.reason
+        await send_refusal(self.send, refusal)
 
     # -- the request, to the upstream connection -----------------------------------------
 
-    def send(self, conn: Any) -> None:
+    def send_to(self, conn: Any) -> None:
         """Send the request on ``conn`` (idle, to ``self.target``); its answer comes
         back through the sink methods below."""
         pool, scope, proto, method = self.pool, self.scope, self.proto, self.method
@@ -311,62 +223,6 @@ class FastExchange(_Exchange):
         self.request = (method, path + b"?" + query if query else path, block)
         self.response = pool.client.send_now(conn, *self.request, self, proto.outbox)
 
-    async def admit_then_send(self, decided: Any) -> None:
-        """The awaited path (AWAIT): the route's limits, then the upstream's breaker
-        and bulkhead, as the ASGI path decides them; then :meth:`send`. A client that
-        went away meanwhile is seen after each await (what was taken is given back);
-        the task is never cancelled, so nothing taken is lost to a cancellation."""
-        route, pool = self.route, self.pool
-        try:
-            if decided is not None:  # fleet (issue 25): the answer of RuleSet.submit
-                decision = await decided
-                if self.client_left():
-                    return
-                if decision is not None and not decision.allowed:
-                    self.refuse(limit_refusal(route, decision))
-                    return
-            try:
-                held = pool.admit_now(self.client)
-                if held is None:
-                    held = await pool.admit(self.client)
-            except CircuitOpen as exc:
-                if not self.client_left():
-                    detail = f"upstream {pool.name!r} is failing; its circuit is open"
-                    self.refuse(unavailable(exc.remaining, "breaker_open", detail))
-                return
-            if isinstance(held, Refusal):
-                if not self.client_left():
-                    self.refuse(held)
-                return
-            self.held = held
-            if self.client_left():  # gone while admitted: give it all back
-                self._report(None)
-                pool.done(held)
-                return
-            target = self.target = pool.pick()
-            client = pool.client
-            conn = client.take_idle(target.base)
-            if conn is None:
-                try:
-                    conn = await client.acquire(target.base)
-                except (UpstreamError, TimeoutError) as exc:
-                    self.answer_error(exc)
-                    return
-                if self.client_left():
-                    client.idle(conn)
-                    return
-            self.send(conn)
-        except Exception:  # a bug must not leave the client without an answer
-            log.exception("gateway error on %s %s", self.method, self.scope["path"])
-            if self.status == 0 and not self.client_left():
-                self.refuse(Refusal.of(502, "gateway error", reason="gateway_error"))
-        finally:
-            self.waiting = None
-
-    def client_left(self) -> bool:
-        """Whether the client went away (read afresh after each await)."""
-        return self.disconnected
-
     # -- the answer, from the upstream connection ---------------------------------------
 
     def answer_head(self, response: H1Response) -> None:
@@ -386,7 +242,7 @@ class FastExchange(_Exchange):
         length = response.content_length
         bodiless = self.method == "HEAD" or status in _NO_BODY_STATUS
         chunked = self.chunked = length is None and not bodiless
-        self.whole = length is not None and length <= _BUFFER
+        self.whole = length is not None and length <= BUFFER
         # The head is a function of these alone: a connection whose upstream
         # answers alike again (its Date changes once a second) sends the head kept
         # from its last answer (one kept per connection).
@@ -445,8 +301,7 @@ class FastExchange(_Exchange):
 
     def _end(self, body: bytes) -> None:
         # The answer's last bytes (with its head, if it is still held) go out with
-        # the pass's other writes; what the ASGI cycle does at its last body
-        # message, then the books.
+        # the pass's other writes; then the books.
         if not self.disconnected:
             head = self.head
             if head:
@@ -532,7 +387,7 @@ class FastExchange(_Exchange):
         self.finish()
 
     def refuse(self, refusal: Refusal) -> None:
-        """Answer with ``refusal`` (the request did not reach the upstream)."""
+        """Answer ``refusal`` (the request did not reach the upstream)."""
         self.status, self.outcome = refusal.status, refusal.reason
         self.done = True
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers]
@@ -578,6 +433,30 @@ class FastExchange(_Exchange):
         if not self.finished:
             self.finished = True
             held: Holder = self.held or self
-            if held.admitted:
+            if held.admitted and self.pool is not None:
                 self.pool.done(held)
             account(self.rt, self.route, self.scope, self, self.started)
+
+
+async def _on_cycle(ex: Exchange, i: int, scope: Any, receive: Any, send: Any) -> None:
+    # The ASGI app a handed-over exchange's Cycle runs: the chain from stage i.
+    ex.receive, ex.send = receive, send
+    await serve(ex, i)
+
+
+async def serve(ex: Exchange, i: int) -> None:
+    """The chain from stage ``i`` on the ASGI leg, with its books at the end."""
+    from ._asgi import release_leases
+
+    try:
+        await arun(ex, i)
+    except Exception:  # a bug must not take the connection down without an answer
+        log.exception("gateway error on %s %s", ex.method, ex.scope["path"])
+        if ex.status == 0:
+            ex.outcome = "gateway_error"
+            await ex.arefuse(Refusal.of(502, "gateway error", reason="gateway_error"))
+    finally:
+        if ex.decision is not None:
+            await release_leases(ex)
+        ex.finished = True
+        account(ex.rt, ex.route, ex.scope, ex, ex.started)

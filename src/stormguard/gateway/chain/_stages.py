@@ -1,0 +1,316 @@
+# The chain's stages, in order: route -> client key -> body cap -> limits
+# (+ shaping) -> idempotency -> [priority and overload control] -> upstream guard
+# (breaker + bulkhead) -> upstream attempts -> answer. Each is one stateless object
+# for every request; a compiled route's tuple (stages_of) holds the ones that
+# apply to it, built once. Priority and overload control is a place in the order:
+# the gateway's configuration has no such keys yet, so no route's tuple holds a
+# stage there. The answer is the exchange's (refuse, the upstream sink, or the
+# ASGI relay of _asgi.py): the chain ends where it starts.
+#
+# A stage decides with what is in this process when it can (a MemoryStore's
+# limits, the pool's lock-free gate, an idle upstream connection) and says *wait*
+# otherwise: a store's Pending (resumed from its callback), or a coroutine (the
+# bulkhead's queue, a shared breaker, a connect, shaping's sleep). A stage that
+# must read the request through ASGI (idempotency's claim, retries, a
+# Concurrency limit's lease) says NEEDS_CYCLE on a direct exchange, before it
+# takes anything.
+from __future__ import annotations
+
+from typing import Any
+
+from ..._errors import CircuitOpen
+from ...server._refusal import Refusal, unavailable
+from ...server._view import ScopeView
+from .._clients import client_id
+from .._h1client import UpstreamError
+from .._runtime import CLIENT_KEY, CompiledRoute
+from . import _asgi
+from ._books import limit_refusal
+from ._driver import DONE, NEEDS_CYCLE, Stage
+
+__all__ = [
+    "ATTEMPTS",
+    "BODY_CAP",
+    "CLIENT",
+    "ENTRY",
+    "GUARD",
+    "IDEMPOTENCY",
+    "LIMITS",
+    "ROUTE",
+    "stages_of",
+]
+
+_NOT_FOUND = Refusal.of(404, "no route matches", reason="not_found")
+# Host header -> the host name routes match (lower-cased, port cut): a few hosts
+# arrive again and again. Bounded: cleared when full.
+_HOSTNAMES: dict[bytes, str] = {}
+_MAX_HOSTNAMES = 1024
+
+
+class RouteStage(Stage):
+    """The route of the request (prefix, method, host); 404 when none matches."""
+
+    __slots__ = ()
+    name = "route"
+
+    def run(self, ex: Any) -> Any:
+        host = ex.host
+        hostname = None
+        if host:
+            hostname = _HOSTNAMES.get(host)
+            if hostname is None:
+                hostname = host.decode("latin-1").rsplit(":", 1)[0].lower()
+                if len(_HOSTNAMES) >= _MAX_HOSTNAMES:
+                    _HOSTNAMES.clear()
+                _HOSTNAMES[host] = hostname
+        route = ex.rt.match(ex.scope["path"], ex.method, hostname)
+        if route is None:
+            return _NOT_FOUND
+        ex.route, ex.pool = route, route.upstream
+        ex.stages = route.stages or stages_of(route)
+        return None
+
+
+class ClientStage(Stage):
+    """The client's key (the identity rules); a connection's client, kept."""
+
+    __slots__ = ()
+    name = "client key"
+
+    def run(self, ex: Any) -> Any:
+        scope, proto = ex.scope, ex.proto
+        identity = ex.rt.identity
+        known = proto.client_known if proto is not None else None
+        # issue 24: clients named by headers are named again only when those headers change
+        token = identity.token(scope["headers"]) if identity.header_names is not None else None
+        if known is not None and known[0] is identity and known[4] == token:
+            ex.steady = True
+            _, ex.rule, key, ex.client, _ = known
+        else:
+            view = ex.view = identity.view(scope, token)
+            ex.rule, key = identity.identify(view)
+            # The key's loggable name (a SHA-256) only where it is needed (the
+            # guard, the books): not per request for 100k clients (issue 24).
+            if proto is not None:
+                # The same client on every request of the connection, when only its
+                # address can name it: named once; by headers, until they change.
+                cached = identity.per_connection or token is not None
+                proto.client_known = (identity, ex.rule, key, "", token) if cached else None
+                proto.limits_known = None
+        ex.key = scope[CLIENT_KEY] = key
+        return None
+
+
+class BodyCapStage(Stage):
+    """413 when the declared body is over the route's ``max_body`` (a body read
+    later is held to the same cap as it arrives)."""
+
+    __slots__ = ()
+    name = "body cap"
+
+    def run(self, ex: Any) -> Any:
+        if ex.send is None:  # a direct exchange's request has no body
+            return None
+        length = None
+        for name, value in ex.scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else None
+                break
+        cap = ex.route.max_body
+        if length is not None and length > cap:
+            msg = f"request body of {length} bytes is over the {cap}-byte limit"
+            return Refusal.of(413, msg, reason="too_large")
+        return None
+
+
+class LimitsStage(Stage):
+    """The route's limits in one store call (429), shaping (hold at most ``delay``
+    s), a Concurrency limit's lease (given back once answered)."""
+
+    __slots__ = ()
+    name = "limits"
+
+    def run(self, ex: Any) -> Any:
+        route: CompiledRoute = ex.route
+        rules = route.rules
+        assert rules is not None
+        if route.leased:
+            if ex.send is None:
+                return NEEDS_CYCLE
+            return _asgi.leased_limits(ex)
+        scope = ex.scope
+        if not rules.in_memory:
+            # fleet (issue 25): the limits join the store's next batch now; the
+            # chain goes on from the Pending's callback when the reply is in.
+            view = ex.view or ScopeView(scope)
+            return rules.submit(view, ex.method, scope["path"], quiet=True)
+        # A connection's one client meets the same limit keys on every request
+        # (a route's limits are per client or global): found once per route, and
+        # decided by the store's group hitter for them (RuleSet.refusal_hitter).
+        proto = ex.proto
+        cached = proto.limits_known if proto is not None else None
+        if ex.steady and cached is not None and cached[0] is rules:
+            decision = cached[1]()
+        else:
+            view = ex.view = ex.view or ScopeView(scope)
+            limits = rules.plain_limits(view)
+            if limits is None:
+                decision = rules.refusal(view, ex.method, scope["path"])
+            elif proto is not None and (ex.steady or ex.rt.identity.per_connection):
+                # this client, from now on (by headers: once it came twice, not for
+                # a connection whose every request is another)
+                refusal = rules.refusal_hitter(limits)
+                proto.limits_known = (rules, refusal)
+                decision = refusal()
+            else:
+                decision = rules.refusal_of(limits)
+        return None if decision is None else self.refused(ex, decision)
+
+    def resume(self, ex: Any, result: Any) -> Any:
+        if ex.client_left():
+            return DONE
+        if result is None or result.allowed:
+            return None
+        return self.refused(ex, result)
+
+    @staticmethod
+    def refused(ex: Any, decision: Any) -> Any:
+        if ex.route.delay is not None:
+            return _asgi.shaped(ex, decision)
+        return limit_refusal(ex.route, decision)
+
+
+class IdempotencyStage(Stage):
+    """The server side's IdempotencyMiddleware around the rest of the chain."""
+
+    __slots__ = ()
+    name = "idempotency"
+
+    def run(self, ex: Any) -> Any:
+        if ex.send is None:
+            return NEEDS_CYCLE
+        return _asgi.idempotent(ex)
+
+
+class GuardStage(Stage):
+    """The upstream's breaker (503 while open) and bulkhead (503 when full)."""
+
+    __slots__ = ()
+    name = "upstream guard"
+
+    def run(self, ex: Any) -> Any:
+        pool = ex.pool
+        if ex.send is None and pool.attempts == 1:
+            ticket = pool.enter()  # the pool's lock-free gate
+            if ticket is not None:
+                ex.ticket, ex.admitted = ticket, True
+                return None
+        if not ex.client:
+            ex.client = client_id(ex.key)
+        try:
+            held = pool.admit_now(ex.client)
+        except CircuitOpen as exc:
+            return _open(pool, exc)
+        if held is None:
+            return self._admit(ex)
+        if held.__class__ is Refusal:
+            return held
+        ex.held = held
+        return None
+
+    @staticmethod
+    async def _admit(ex: Any) -> Any:
+        pool = ex.pool
+        try:
+            held = await pool.admit(ex.client)
+        except CircuitOpen as exc:
+            return DONE if ex.client_left() else _open(pool, exc)
+        if held.__class__ is Refusal:
+            return DONE if ex.client_left() else held
+        ex.held = held
+        if ex.client_left():  # gone while admitted: give it all back
+            ex._report(None)
+            pool.done(held)
+            return DONE
+        return None
+
+
+def _open(pool: Any, exc: CircuitOpen) -> Refusal:
+    detail = f"upstream {pool.name!r} is failing; its circuit is open"
+    return unavailable(exc.remaining, "breaker_open", detail)
+
+
+class AttemptsStage(Stage):
+    """The upstream attempt(s): on a direct exchange one attempt on an idle
+    connection, answered from the upstream's callbacks; retries and bodies run
+    by the retry conversation on the ASGI leg (_asgi.attempts)."""
+
+    __slots__ = ()
+    name = "upstream attempts"
+
+    def run(self, ex: Any) -> Any:
+        if ex.send is not None:
+            return _asgi.attempts(ex)
+        pool = ex.pool
+        if pool.attempts != 1:  # pragma: no cover - the guard handed it over
+            return NEEDS_CYCLE
+        ready = pool.pick_ready()
+        if ready is None:
+            return self._connect(ex)
+        ex.target, conn, _ = ready
+        ex.send_to(conn)
+        return DONE
+
+    @staticmethod
+    async def _connect(ex: Any) -> Any:
+        pool = ex.pool
+        target = ex.target = pool.pick()
+        client = pool.client
+        conn = client.take_idle(target.base)
+        if conn is None:
+            try:
+                conn = await client.acquire(target.base)
+            except (UpstreamError, TimeoutError) as exc:
+                ex.answer_error(exc)
+                return DONE
+            if ex.client_left():
+                client.idle(conn)
+                return DONE
+        ex.send_to(conn)
+        return DONE
+
+
+class RetriesStage(Stage):
+    """Before the guard, on a direct exchange of an upstream with retries: the
+    retry conversation awaits, so the ASGI leg runs the request (nothing taken)."""
+
+    __slots__ = ()
+    name = "retries"
+
+    def run(self, ex: Any) -> Any:
+        return NEEDS_CYCLE if ex.send is None else None
+
+
+ROUTE = RouteStage()
+CLIENT = ClientStage()
+BODY_CAP = BodyCapStage()
+LIMITS = LimitsStage()
+IDEMPOTENCY = IdempotencyStage()
+RETRIES = RetriesStage()
+GUARD = GuardStage()
+ATTEMPTS = AttemptsStage()
+ENTRY: tuple[Stage, ...] = (ROUTE,)
+
+
+def stages_of(route: CompiledRoute) -> tuple[Stage, ...]:
+    """The route's stages (index 0 is the route stage, as in ENTRY), built once."""
+    stages: list[Stage] = [ROUTE, CLIENT, BODY_CAP]
+    if route.rules is not None:
+        stages.append(LIMITS)
+    if route.config.idempotency != "off":
+        stages.append(IDEMPOTENCY)
+    if route.upstream.attempts != 1:
+        stages.append(RETRIES)
+    stages += (GUARD, ATTEMPTS)
+    route.stages = tuple(stages)
+    return route.stages
