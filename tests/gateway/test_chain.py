@@ -310,7 +310,7 @@ def test_the_resume_driver_runs_no_stage_in_the_parser_callback() -> None:
     assert isinstance(ex, Exchange)
     assert ex.route is None and runtime.store._data == {}  # no route matched, no limit
     [(callback, args)] = proto.loop.soon
-    assert args == (0,)
+    assert callback == ex.run_from and args == (0,)
 
 
 def test_the_callback_driver_decides_limits_in_the_parser_callback() -> None:

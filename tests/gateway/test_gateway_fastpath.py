@@ -1,4 +1,4 @@
-"""The request chain's direct exchanges (chain/) on the gateway's own listener (http/_listener.py)."""
+"""The request chain's direct exchanges (gateway/chain) on the gateway's own listener."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from stormguard.gateway._config import parse_config
-from stormguard.gateway.chain import begin
 from stormguard.gateway._metrics import GatewayMetrics
 from stormguard.gateway._runtime import Runtime
+from stormguard.gateway.chain import begin
 
 Factory = Callable[..., Any]
 

@@ -3,7 +3,7 @@
 Stages, in order (``_stages.py``; one object each, for every request; a compiled
 route's tuple holds the ones that apply to it, built once):
 route -> client key -> body cap -> limits (+ shaping) -> idempotency -> priority and
-overload control (a place in the order; the gateway has no such settings yet) ->
+overload control (shedding, the adaptive limit, admission control) ->
 upstream guard (breaker + bulkhead) -> upstream attempts -> answer. Request head
 caps are not a stage: the listener's parser enforces them before any stage runs.
 
@@ -11,9 +11,9 @@ A stage returns *continue* (None), *answer* (a Refusal) or *wait*: a future (a
 store's Pending or an asyncio.Future, resumed from its done-callback, no task), or
 a coroutine (run in a task; its return value is the stage's outcome). A stage that
 must read the request through ASGI (the idempotency claim, retries with their
-body replay, a Concurrency limit's lease) waits for the listener's ASGI cycle
-(NEEDS_CYCLE): the cycle takes the request over in a task and the chain goes on
-from that stage. A request with a body, or one that arrives pipelined behind
+body replay, overload control's line, a Concurrency limit's lease) waits for the
+listener's ASGI cycle (NEEDS_CYCLE): the cycle takes the request over in a task
+and the chain goes on from that stage. A request with a body, or one that arrives pipelined behind
 another or with ``Expect: 100-continue``, is read through that cycle from the
 start (:func:`handle_http`).
 

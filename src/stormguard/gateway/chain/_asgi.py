@@ -22,11 +22,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ...core._attempts import attempt_from
 from ...core._engine import Outcome
 from ...server._idempotency import IdempotencyMiddleware
+from ...server._overload import Ticket
 from ...server._refusal import Refusal, send_refusal
 from ...server._types import Message, Receive, Scope, Send
 from ...server._view import ScopeView
+from .._clients import client_id
 from .._h1client import H1Response, UpstreamConnectError, UpstreamError
 from .._retries import drive, error_outcome, gave_up, marked, numbered, response_outcome
 from .._runtime import CompiledRoute, client_of
@@ -35,7 +38,7 @@ from .._wire import DISCONNECT, request_headers, response_headers
 from ._books import BODYLESS, BUFFER, limit_refusal
 from ._driver import DONE, arun
 
-__all__ = ["attempts", "idempotent", "leased_limits", "release_leases", "shaped"]
+__all__ = ["attempts", "idempotent", "leased_limits", "overloaded", "release_leases", "shaped"]
 
 WATCH_AFTER = 0.05  # seconds before a request's disconnect watcher starts
 _NO_BODY_STATUS = (204, 304)
@@ -165,6 +168,39 @@ async def _rest(scope: Scope, receive: Receive, send: Send) -> None:
     await arun(ex, i)
 
 
+# -- priority and overload control ------------------------------------------------------
+
+
+async def overloaded(ex: Any) -> Any:
+    """The priority and overload stage around the rest of the chain: the request's
+    class (route, or the trusted priority header), its attempt number (Retry-Attempt
+    and the peers' headers) and its client rank it in the upstream's line
+    (server/_overload.py); what the upstream answered teaches the limit."""
+    route: CompiledRoute = ex.route
+    control = ex.pool.overload
+    assert route.classify is not None and control is not None
+    view = ex.view or ScopeView(ex.scope)
+    priority = route.classify(view, ex.scope["path"])
+    if not ex.client and ex.key is not None:
+        ex.client = client_id(ex.key)
+    ticket = await control.aenter(priority, attempt_from(view.header), ex.client or None)
+    if not isinstance(ticket, Ticket):
+        return ticket  # a refusal: shed:<class>, concurrency_limit, admission_control
+    after = next(i for i, stage in enumerate(ex.stages) if stage.name == "overload") + 1
+    try:
+        await arun(ex, after)
+    except BaseException:
+        control.leave(ticket, failed=True, measured=False)
+        raise
+    if not ex.reached or ex.outcome == "client_gone":
+        control.release(ticket)  # refused by the guard, or its client left: nothing learnt
+    else:
+        status = ex.status
+        dropped = status == 503 or ex.outcome == "upstream_timeout"
+        control.leave(ticket, failed=status >= 500, dropped=dropped)
+    return DONE
+
+
 # -- the upstream attempts ---------------------------------------------------------------
 
 
@@ -207,6 +243,7 @@ async def attempts(ex: Any) -> Any:
                 await permit.arelease()  # never reached the upstream
             await _read_failed(exc, ex)
             return DONE
+        ex.reached = True  # (for the overload stage: the upstream was asked)
         await _guarded(ex, admission, body)
     finally:
         pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)

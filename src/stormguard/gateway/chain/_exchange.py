@@ -77,6 +77,7 @@ class Exchange:
         "permit",
         "pool",
         "proto",
+        "reached",
         "receive",
         "request",
         "resend",
@@ -123,6 +124,7 @@ class Exchange:
         self.view: Any = None  # the request as the rules read it, made when asked
         self.steady = False  # the connection's client, known from its last request
         self.decision: Any = None  # a Concurrency limit's decision (its lease)
+        self.reached = False  # the ASGI leg's attempts went to the upstream
         # What the request holds of the upstream: the Held the pool's methods gave,
         # else (None) the exchange holds it itself (a Holder): the ticket of the
         # pool's lock-free gate (UpstreamPool.enter), and the bulkhead slot.

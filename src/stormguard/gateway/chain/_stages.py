@@ -2,18 +2,17 @@
 # (+ shaping) -> idempotency -> [priority and overload control] -> upstream guard
 # (breaker + bulkhead) -> upstream attempts -> answer. Each is one stateless object
 # for every request; a compiled route's tuple (stages_of) holds the ones that
-# apply to it, built once. Priority and overload control is a place in the order:
-# the gateway's configuration has no such keys yet, so no route's tuple holds a
-# stage there. The answer is the exchange's (refuse, the upstream sink, or the
-# ASGI relay of _asgi.py): the chain ends where it starts.
+# apply to it, built once (priority and overload control: when the route's
+# upstream has it). The answer is the exchange's (refuse, the upstream sink, or
+# the ASGI relay of _asgi.py): the chain ends where it starts.
 #
 # A stage decides with what is in this process when it can (a MemoryStore's
 # limits, the pool's lock-free gate, an idle upstream connection) and says *wait*
 # otherwise: a store's Pending (resumed from its callback), or a coroutine (the
 # bulkhead's queue, a shared breaker, a connect, shaping's sleep). A stage that
-# must read the request through ASGI (idempotency's claim, retries, a
-# Concurrency limit's lease) says NEEDS_CYCLE on a direct exchange, before it
-# takes anything.
+# must read the request through ASGI (idempotency's claim, overload control's
+# line, retries, a Concurrency limit's lease) says NEEDS_CYCLE on a direct
+# exchange, before it takes anything.
 from __future__ import annotations
 
 from typing import Any
@@ -36,6 +35,8 @@ __all__ = [
     "GUARD",
     "IDEMPOTENCY",
     "LIMITS",
+    "OVERLOAD",
+    "RETRIES",
     "ROUTE",
     "stages_of",
 ]
@@ -192,6 +193,20 @@ class IdempotencyStage(Stage):
         return _asgi.idempotent(ex)
 
 
+class OverloadStage(Stage):
+    """Priority and overload control (shedding, the adaptive limit, admission
+    control) of the upstream, around the rest of the chain: its wait and what the
+    answer teaches the limit are on the ASGI leg."""
+
+    __slots__ = ()
+    name = "overload"
+
+    def run(self, ex: Any) -> Any:
+        if ex.send is None:
+            return NEEDS_CYCLE
+        return _asgi.overloaded(ex)
+
+
 class GuardStage(Stage):
     """The upstream's breaker (503 while open) and bulkhead (503 when full)."""
 
@@ -296,6 +311,7 @@ CLIENT = ClientStage()
 BODY_CAP = BodyCapStage()
 LIMITS = LimitsStage()
 IDEMPOTENCY = IdempotencyStage()
+OVERLOAD = OverloadStage()
 RETRIES = RetriesStage()
 GUARD = GuardStage()
 ATTEMPTS = AttemptsStage()
@@ -309,6 +325,8 @@ def stages_of(route: CompiledRoute) -> tuple[Stage, ...]:
         stages.append(LIMITS)
     if route.config.idempotency != "off":
         stages.append(IDEMPOTENCY)
+    if route.upstream.overload is not None:
+        stages.append(OVERLOAD)
     if route.upstream.attempts != 1:
         stages.append(RETRIES)
     stages += (GUARD, ATTEMPTS)
