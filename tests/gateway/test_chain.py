@@ -34,6 +34,7 @@ from stormguard.gateway.chain._stages import (
     GUARD,
     IDEMPOTENCY,
     LIMITS,
+    OVERLOAD,
     RETRIES,
     ROUTE,
 )
@@ -236,12 +237,14 @@ CONFIG = {
     "upstreams": {
         "a": {"url": "http://127.0.0.1:9"},
         "r": {"url": "http://127.0.0.1:9", "retries": {"attempts": 2}},
+        "o": {"url": "http://127.0.0.1:9", "overload": {"limit": 2}},
     },
     "limits": {"pc": {"algorithm": "token_bucket", "rate": 1, "burst": 5, "per": "client"}},
     "routes": [
         {"path": "/keyed", "upstream": "a", "idempotency": "honor"},
         {"path": "/retried", "upstream": "r"},
         {"path": "/plain", "upstream": "a"},
+        {"path": "/lined", "upstream": "o"},
         {"path": "/", "upstream": "a", "limits": ["pc"]},
     ],
 }
@@ -258,6 +261,7 @@ def _runtime() -> Runtime:
         ("/plain", (ROUTE, CLIENT, BODY_CAP, GUARD, ATTEMPTS)),
         ("/keyed", (ROUTE, CLIENT, BODY_CAP, IDEMPOTENCY, GUARD, ATTEMPTS)),
         ("/retried", (ROUTE, CLIENT, BODY_CAP, RETRIES, GUARD, ATTEMPTS)),
+        ("/lined", (ROUTE, CLIENT, BODY_CAP, OVERLOAD, GUARD, ATTEMPTS)),
     ],
 )
 def test_a_route_has_its_stage_tuple_built_once(path: str, stages: tuple[Stage, ...]) -> None:

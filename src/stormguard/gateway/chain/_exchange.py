@@ -165,8 +165,10 @@ class Exchange:
         resumed(self, result)
 
     def run_from(self, i: int) -> None:
-        """Driver 2's start: the chain from stage ``i`` (a loop callback)."""
-        run(self, i)
+        """Driver 2's start: the chain from stage ``i`` (a loop callback), unless the
+        client went away meanwhile (then nothing was taken)."""
+        if not self.disconnected:
+            run(self, i)
 
     def to_cycle(self, i: int) -> None:
         """Stage ``i`` must read through ASGI: the listener's Cycle takes the request
