@@ -1,4 +1,4 @@
-"""The callback path's answers, byte for byte (_fastpath.FastExchange, _wire.response_head).
+"""The callback path's answers, byte for byte (chain.Exchange, _wire.response_head).
 
 The gateway's own protocol and upstream connection run in this process over
 transports that record what is written: a request goes in as the client's bytes,

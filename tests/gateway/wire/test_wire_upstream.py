@@ -1,6 +1,6 @@
 """Hostile upstreams through a real gateway process: each case asserts the client's
 answer and the bytes the upstream saw, on the callback path (a plain route) and on
-the ASGI path (an idempotency route, which _fastpath._mode hands to the ASGI path)."""
+the ASGI path (an idempotency route, which the chain continues in the ASGI cycle)."""
 
 from __future__ import annotations
 

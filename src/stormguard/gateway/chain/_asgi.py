@@ -61,12 +61,12 @@ async def shaped(ex: Any, decision: Any) -> Any:
     rules = route.rules
     assert rules is not None and route.delay is not None
     view, scope = ex.view or ScopeView(ex.scope), ex.scope
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + route.delay
+    clock = ex.rt.clock
+    deadline = clock.monotonic() + route.delay
     while decision is not None and not decision.allowed:
-        if loop.time() + decision.retry_after > deadline:
+        if clock.monotonic() + decision.retry_after > deadline:
             break
-        await asyncio.sleep(decision.retry_after)
+        await clock.asleep(decision.retry_after)
         if ex.client_left():
             return DONE
         decision = await rules.adecide(view, scope["method"], scope["path"])
@@ -192,8 +192,10 @@ async def overloaded(ex: Any) -> Any:
     except BaseException:
         control.leave(ticket, failed=True, measured=False)
         raise
-    if not ex.reached or ex.outcome == "client_gone":
-        control.release(ticket)  # refused by the guard, or its client left: nothing learnt
+    if not ex.reached:
+        control.release(ticket)  # refused by the guard: nothing went upstream
+    elif ex.outcome == "client_gone":
+        control.abandon(ticket)  # the upstream may still be working on it
     else:
         status = ex.status
         dropped = status == 503 or ex.outcome == "upstream_timeout"
@@ -436,10 +438,10 @@ async def _attempts(ex: Any, admission: Any, body: bytes | _Stream | None) -> No
             return error_outcome(exc, never_sent, method, keyed)
         rt.metrics.observe_latency(pool.name, time.perf_counter() - sent, response.status)
         pool.report(target, response.status >= 500)
-        return response_outcome(policy, response, method, keyed)
+        return response_outcome(policy, response, method, keyed, rt.clock)
 
     try:
-        finish = await drive(policy, admission.permit, attempt, discard)
+        finish = await drive(policy, admission.permit, attempt, discard, rt.clock)
     except BaseException as exc:
         while dropped:
             dropped.pop().release()
