@@ -24,6 +24,8 @@ SRC = HERE.parent.parent / "src"
 
 # The request chain's drivers (gateway/chain): every test that starts a gateway
 # process runs once per driver, the process started with STORMGUARD_GATEWAY_DRIVER.
+# The wire conformance suite runs on both in `make test`; the other gateway tests'
+# second run (resume) is marked `driver2`, run by `make stress` (`make test-all`, CI).
 DRIVERS = ("callback", "resume")
 _STARTERS = frozenset({"gateway_factory", "start_gateway", "processes", "gateway_driver"})
 _STARTING_MODULES = frozenset({"test_gateway_lifecycle"})  # they start processes themselves
@@ -36,7 +38,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if "gateway_driver" not in metafunc.fixturenames:
         metafunc.fixturenames.append("gateway_driver")
-    metafunc.parametrize("gateway_driver", DRIVERS, indirect=True, scope="module")
+    wire = Path(metafunc.module.__file__ or "").parent.name == "wire"
+    drivers = [
+        pytest.param(d, marks=() if wire or d == DRIVERS[0] else pytest.mark.driver2, id=d)
+        for d in DRIVERS
+    ]
+    metafunc.parametrize("gateway_driver", drivers, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
