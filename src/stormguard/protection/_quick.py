@@ -85,10 +85,12 @@ class QuickGuard:
         "budget",
         "bulkhead",
         "deposits",
+        "give",
         "guard",
         "monotonic",
         "paced",
         "pauses",
+        "record",
         "ring",
         "take",
         "touch",
@@ -105,6 +107,9 @@ class QuickGuard:
         # The pairs' entries, bound once.
         self.admit: Callable[[], Any] | None = None if breaker is None else breaker.try_enter
         self.take: Callable[[], bool] | None = None if bulkhead is None else bulkhead.try_enter
+        # ... and their settles (no bound method made per request).
+        self.give: Callable[[], None] | None = None if bulkhead is None else bulkhead.settle
+        self.record: Callable[..., None] | None = None if breaker is None else breaker.settle
         # The clock the breaker's settle() reads its `now` on (the adapter's).
         self.monotonic: Callable[[], float] = nothing if breaker is None else breaker._monotonic
         # The budget's newest bucket and its lock-free credits (protection/_budget.py).
@@ -151,12 +156,12 @@ class QuickGuard:
 
     def settle(self, ticket: Any, started: float, failure: bool = False) -> None:
         """The attempt entered at ``started`` ended: slot back, outcome recorded."""
-        bulkhead = self.bulkhead
-        if bulkhead is not None:
-            bulkhead.settle()
-        breaker = self.breaker
-        if breaker is not None:
-            breaker.settle(ticket, started, self.monotonic(), failure)
+        give = self.give
+        if give is not None:
+            give()
+        record = self.record
+        if record is not None:
+            record(ticket, started, self.monotonic(), failure)
 
     def deposit(self, now: float) -> None:
         """The budget's count of a first attempt, by its own method (its batch of
