@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -407,3 +408,34 @@ async def test_url_credentials_become_authorization_and_leave_host() -> None:
         assert b"Authorization: Basic YWwgaWNlOnA6dw==" in head  # "al ice:p:w"
         assert b"Bearer" not in head and b"ice" not in head
         await client.close()
+
+
+class _SocketTransport:
+    """Just enough of a transport for connection_made: the socket it carries."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self.sock if name == "socket" else default
+
+
+def test_an_idle_connection_with_unread_bytes_is_not_quiet() -> None:
+    """Bytes the loop has not delivered yet (a late answer) make an idle connection
+    unfit for reuse; read, it is quiet again; a closed peer is not quiet either."""
+    from stormguard.gateway._h1client import _Connection
+
+    ours, theirs = socket.socketpair()
+    try:
+        pool = H1Pool(4, Timeout())
+        conn = _Connection(pool, pool._endpoint("http://127.0.0.1:9"))
+        conn.connection_made(_SocketTransport(ours))  # type: ignore[arg-type]
+        assert conn.quiet()
+        theirs.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlate")
+        assert not conn.quiet()
+        ours.recv(4096)
+        assert conn.quiet()
+        theirs.close()
+        assert not conn.quiet()  # EOF waits unread
+    finally:
+        ours.close()

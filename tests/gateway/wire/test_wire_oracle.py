@@ -10,6 +10,7 @@ import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import h11
 import pytest
@@ -37,6 +38,9 @@ class FakeTransport:
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default  # no socket: the idle check has nothing to poll
 
     def pause_reading(self) -> None:
         pass
