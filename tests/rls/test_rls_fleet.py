@@ -60,7 +60,9 @@ def _hammer(ports: list[int], descriptor: tuple[str, str]) -> list[str]:
                 response_deserializer=Response.FromString,
             )
             for _ in range(CALLS):
-                answer = call(request("fleet", [descriptor]), timeout=30)
+                # wait_for_ready: a worker just restarted (or a listener still binding)
+                # refuses a connect; the call waits for the channel instead of failing
+                answer = call(request("fleet", [descriptor]), timeout=30, wait_for_ready=True)
                 with lock:
                     answers.append(codes(answer)[0])
 
