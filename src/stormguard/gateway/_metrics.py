@@ -10,6 +10,7 @@
 # client -- always the 8-hex-digit SHA-256 prefix of the key, never the key.
 from __future__ import annotations
 
+import glob
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from ._h1client import UpstreamConnectError
 from ._history import History, Snapshot, UpstreamSnapshot, history_settings, quantile
@@ -37,6 +39,39 @@ _LATENCY_BUCKETS = (
 def multiprocess_dir() -> str | None:
     """The multiprocess directory when running several workers (else None)."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class WorkersCollector(Collector):
+    """The workers' metrics files merged, as ``MultiProcessCollector`` merges them,
+    leaving out what a worker is still making or has just left.
+
+    A worker creates its file before it sizes it, so for a moment the file is
+    empty, and merging an empty file raises (prometheus/client_python#1199): one
+    such read made /status answer 500 while a new worker was starting. An empty
+    file holds nothing recorded yet and is skipped; a file removed between the
+    listing and the read (a worker marked dead) makes the merge list again.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _files(self) -> list[str]:
+        files = []
+        for name in glob.glob(os.path.join(self.path, "*.db")):
+            try:
+                if os.path.getsize(name) > 0:
+                    files.append(name)
+            except OSError:  # gone since the listing
+                continue
+        return files
+
+    def collect(self) -> Any:
+        for tries_left in reversed(range(3)):
+            try:
+                return MultiProcessCollector.merge(self._files(), accumulate=True)  # type: ignore[no-untyped-call]
+            except FileNotFoundError:
+                if not tries_left:
+                    raise
 
 
 # attribute -> (metric name after "stormguard_gateway_", help, labels, multiprocess mode)
@@ -355,7 +390,7 @@ class StatusBuilder:
         directory = multiprocess_dir()
         if directory is not None:
             merged = CollectorRegistry()
-            MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
+            merged.register(WorkersCollector(directory))
             return merged
         assert self._metrics is not None
         self._metrics.flush()
