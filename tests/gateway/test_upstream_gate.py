@@ -3,13 +3,20 @@ admissions and breaker counts as the pool's own methods, or no say at all."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from typing import Any
 
+import pytest
+
+from stormguard import CircuitOpen
 from stormguard.gateway._config import Upstream as UpstreamSettings
-from stormguard.gateway._upstream import Held, UpstreamPool
+from stormguard.gateway._upstream import _REPORTS, Held, UpstreamPool
+from stormguard.protection._breaker_store import CachedAdmission
 from stormguard.protection._tally import BATCH
 from stormguard.server._refusal import Refusal
-from stormguard.stores import MemoryStore
+from stormguard.stores import AsyncRedisStore, MemoryStore
+from stormguard.testing import FakeClock
 
 BREAKER = {"failure_rate": 0.5, "min_calls": 4, "window": 30, "open_for": 5}
 
@@ -94,6 +101,69 @@ def test_a_client_share_has_no_gate() -> None:
     assert pool(bulkhead={"limit": 2, "per_client": 1}).enter() is None
 
 
-async def test_a_shared_breaker_has_no_gate() -> None:
-    """A breaker in the store: the gate has no say."""
-    assert pool(store=MemoryStore()).enter() is None
+def test_breakers_sharing_a_memory_store_decide_on_the_gate_as_one() -> None:
+    """A breaker shared through a MemoryStore is one core in this process: failures
+    settled on one pool's gate open the other pool's breaker, whose gate then has
+    no say."""
+    store = MemoryStore()
+    first, second = pool(store=store), pool(store=store)
+    for _ in range(4):
+        held = gated(first)
+        first.settle(held, True)
+        first.done(held)
+    assert second.breaker is not None and second.breaker.state == "open"
+    assert second.enter() is None
+
+
+def shared_pool(url: str, name: str, clock: FakeClock) -> UpstreamPool:
+    """A pool whose breaker is shared through Redis (the gateway's fleet mode)."""
+    config = UpstreamSettings.model_validate({"url": "http://127.0.0.1:9", "breaker": BREAKER})
+    return UpstreamPool(name, config, store=AsyncRedisStore(url), clock=clock)
+
+
+async def reported() -> None:
+    """Wait for the failure reports the gates sent in tasks."""
+    while _REPORTS:
+        await asyncio.gather(*_REPORTS)
+
+
+@pytest.mark.redis
+async def test_a_redis_shared_breaker_admits_on_the_gate_while_its_near_cache_is_fresh(
+    redis_url: str,
+) -> None:
+    """No say before the store was read or once the reading is stale; in between the
+    gate admits with nothing asked."""
+    clock = FakeClock()
+    p = shared_pool(redis_url, uuid.uuid4().hex, clock)
+    assert p.enter() is None  # never read: admit() asks the store
+    held = await p.admit("c")
+    p.done(held)
+    assert isinstance(p.enter(), CachedAdmission)
+    p.in_flight -= 1  # (no bulkhead: the ticket holds nothing else)
+    clock.advance(0.1)  # the default staleness
+    assert p.enter() is None
+
+
+@pytest.mark.redis
+async def test_gate_successes_reach_the_fleet_breaker_and_its_failures_trip_it(
+    redis_url: str,
+) -> None:
+    """Six successes on the gate go with the batch of the first failure: four
+    failures (4 of 10) leave the shared breaker closed, six (6 of 12) open it, for
+    another process too. Without the successes, four failures would have opened it."""
+    name = uuid.uuid4().hex
+    clock, later = FakeClock(), FakeClock()
+    p, other = shared_pool(redis_url, name, clock), shared_pool(redis_url, name, later)
+    p.done(await p.admit("c"))  # reads the store: the near cache is fresh
+    for failures, outcome in enumerate([False] * 6 + [True] * 6):
+        held = gated(p)
+        p.settle(held, outcome)
+        p.done(held)
+        await reported()
+        if failures == 9:  # 6 successes, 4 failures
+            assert await other.breaker_state() == "closed"
+    later.advance(0.1)  # the other process's reading is stale: it reads the store
+    assert await other.breaker_state() == "open"
+    assert p.enter() is None
+    with pytest.raises(CircuitOpen):
+        await other.admit("c")

@@ -212,3 +212,118 @@ async def test_tasks_share_one_refresh(redis_url: str, key_prefix: str, clock: F
     await asyncio.gather(*(breaker.acall(ok) for _ in range(50)))
     assert len(counted.calls) - before == 1
     await store.aclose()
+
+
+def test_try_enter_cached_admits_on_a_fresh_closed_reading_only(
+    counted: Counted, clock: FakeClock
+) -> None:
+    """No ticket before a reading, past `staleness`, or while open; a ticket costs no
+    round trip and its successes reach the shared window with the next reading."""
+    breaker = shared(counted.store, clock)
+    assert breaker.try_enter() is None  # the lock-free pair of a local breaker only
+    assert breaker.try_enter_cached() is None  # never read
+    breaker.call(lambda: None)  # reads "closed"
+    before = len(counted.calls)
+    for _ in range(20):
+        ticket = breaker.try_enter_cached()
+        assert ticket is not None
+        breaker.settle(ticket, clock.monotonic(), clock.monotonic())
+    assert len(counted.calls) == before  # no round trip
+    clock.advance(0.1)
+    assert breaker.try_enter_cached() is None  # stale: acquire() asks
+    breaker.call(lambda: None)  # the batch goes with the re-read
+    key = counted.store.key("breaker", "api")
+    assert int(counted.store.client.hget(key, "calls")) == 21
+
+
+def test_a_cached_ticket_failure_is_sent_at_once(counted: Counted, clock: FakeClock) -> None:
+    """settle(failure=True) of a cached ticket sends the batch now: the trip is seen at
+    once, and no ticket is handed out while the reading says open."""
+    breaker = shared(counted.store, clock, min_calls=2)
+    breaker.call(lambda: None)
+    ticket = breaker.try_enter_cached()
+    assert ticket is not None
+    breaker.settle(ticket, clock.monotonic(), clock.monotonic(), failure=True)
+    assert breaker.state == "open"
+    assert breaker.try_enter_cached() is None
+    with pytest.raises(CircuitOpen):
+        breaker.acquire()
+
+
+def test_a_cached_ticket_of_an_earlier_generation_counts_nothing(
+    counted: Counted, clock: FakeClock
+) -> None:
+    """A ticket handed out before the breaker moved on (a reset) is not counted
+    against the new generation."""
+    breaker = shared(counted.store, clock, min_calls=1)
+    breaker.call(lambda: None)
+    old = breaker.try_enter_cached()
+    assert old is not None
+    breaker.reset()  # a new generation
+    breaker.call(lambda: None)
+    breaker.settle(old, clock.monotonic(), clock.monotonic(), failure=True)
+    assert breaker.state == "closed"
+
+
+def test_a_cached_ticket_judges_slow_calls(counted: Counted, clock: FakeClock) -> None:
+    """With slow_call, a success slower than it is a failure, sent at once."""
+    breaker = shared(counted.store, clock, min_calls=1, slow_call=0.5)
+    breaker.call(lambda: None)
+    ticket = breaker.try_enter_cached()
+    assert ticket is not None
+    started = clock.monotonic()
+    breaker.settle(ticket, started, started + 0.6)
+    assert breaker.state == "open"
+
+
+def test_no_cached_ticket_while_the_store_is_unreachable(
+    redis_url: str, key_prefix: str, clock: FakeClock
+) -> None:
+    """Once the store failed, the breaker decides locally: try_enter_cached hands out
+    the local core's closed admission only through acquire(), never a shared ticket."""
+    from net_support import refused_port
+    from stormguard.stores import RedisStore
+
+    store = RedisStore(f"redis://127.0.0.1:{refused_port()}/0", prefix=key_prefix)
+    breaker = shared(store, clock)
+    breaker.call(lambda: None)  # decided locally; the store is marked unreachable
+    assert breaker.degraded
+    assert breaker.try_enter_cached() is None
+    store.close()
+
+
+async def test_asettle_awaits_the_store_for_a_cached_failure(
+    redis_url: str, key_prefix: str, clock: FakeClock
+) -> None:
+    """The async twin on an AsyncRedisStore: a success is counted with no round trip,
+    a failure awaits the report (the trip is seen at once); sync settle() of a cached
+    failure on an async store says to use the async form."""
+    from protection_support import fake_time_async_redis_store
+
+    store = fake_time_async_redis_store(redis_url, key_prefix, clock)
+    counted = Counted(store)
+    breaker = shared(store, clock, min_calls=2)
+
+    async def ok() -> None:
+        return None
+
+    await breaker.acall(ok)
+    before = len(counted.calls)
+    ticket = breaker.try_enter_cached()
+    assert ticket is not None
+    await breaker.asettle(ticket, clock.monotonic(), clock.monotonic())
+    assert len(counted.calls) == before
+    ticket = breaker.try_enter_cached()
+    assert ticket is not None
+    with pytest.raises(TypeError, match="async forms"):
+        breaker.settle(ticket, clock.monotonic(), clock.monotonic(), failure=True)
+    assert len(counted.calls) == before
+    # two successes so far: the second failure (2 of 4) trips it, and this process
+    # hands out no ticket from then on
+    tickets = 0
+    while (ticket := breaker.try_enter_cached()) is not None and tickets < 5:
+        tickets += 1
+        await breaker.asettle(ticket, clock.monotonic(), clock.monotonic(), failure=True)
+    assert tickets == 2 and await breaker.astate() == "open"
+    assert breaker.last_state == "open"
+    await store.aclose()

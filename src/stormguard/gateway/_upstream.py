@@ -15,6 +15,7 @@
 # they bound waits on real sockets.
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from .._clock import SYSTEM_CLOCK, Clock, monotonic_of
 from ..core._breaker import Admission as BreakerAdmission
 from ..core._policy import RetryPolicy
 from ..protection import CircuitBreaker, RetryBudget
+from ..protection._breaker_store import CachedAdmission
 from ..protection._bulkhead import Bulkhead
 from ..protection._permit import BreakerEvent, Permit
 from ..server._admission import Admission
@@ -123,6 +125,9 @@ def overload_of(
     )
 
 
+# The shared breaker's failure reports in flight (a task is kept until it ends).
+_REPORTS: set[asyncio.Task[None]] = set()
+
 _UNBOUNDED = 1 << 30  # admission control alone: no concurrency bound
 
 
@@ -201,6 +206,10 @@ class UpstreamPool:
         self._session: aiohttp.ClientSession | None = None
         self._gate = self._quick_gate()
         self.overload = overload_of(settings, name, instances, clock)
+        # a request whose client left keeps its slot until the upstream answers
+        self.holds = self.overload is not None and (
+            settings.overload is None or settings.overload.hold_abandoned
+        )
 
     # -- admission -----------------------------------------------------------------
 
@@ -211,6 +220,9 @@ class UpstreamPool:
     # admitting a request that nothing has to decide -- the breaker closed, a slot
     # free, nobody waiting -- is the breaker's closed admission and a slot taken;
     # its end settles both. Anything else is admit_now's, which has taken nothing.
+    # A breaker shared through the store (fleet mode) admits on the gate while its
+    # near cache is fresh and closed (CircuitBreaker.try_enter_cached), which is
+    # what admit() would decide without a round trip too.
 
     @property
     def grpc_policy(self) -> RetryPolicy:
@@ -226,13 +238,14 @@ class UpstreamPool:
         # (breaker.try_enter, breaker.settle, bulkhead.try_enter, bulkhead.settle),
         # bound once; None for a part the pool does not have.
         breaker, admission = self.breaker, self.bulkhead
-        if self._shared:
-            return None
         admit = record = take = give = None
         if breaker is not None:
             if type(breaker) is not CircuitBreaker or breaker.config.slow_call is not None:
                 return None  # a slow_call breaker judges each duration: its own methods do
-            admit, record = breaker.try_enter, breaker.settle
+            # shared (fleet): admitted from the breaker's near cache while it is fresh
+            # and closed; a success joins its next batch, a failure goes in a task
+            admit = breaker.try_enter_cached if self._shared else breaker.try_enter
+            record = breaker.settle
         if admission is not None:
             bulkhead = admission.bulkhead
             if admission.per_client is not None or type(bulkhead) is not Bulkhead:
@@ -268,7 +281,16 @@ class UpstreamPool:
         if failure is None or ticket is True:
             return
         # `now` on the breaker's clock (the pool's); no slow_call, so `started` is unused.
-        self._gate[1](ticket, 0.0, self._monotonic(), failure)  # type: ignore[index]
+        now = self._monotonic()
+        if failure and ticket.__class__ is CachedAdmission:  # to the store: a task
+            assert self.breaker is not None
+            task = asyncio.get_running_loop().create_task(
+                self.breaker.asettle(ticket, 0.0, now, True)
+            )
+            _REPORTS.add(task)
+            task.add_done_callback(_REPORTS.discard)
+            return
+        self._gate[1](ticket, 0.0, now, failure)  # type: ignore[index]
 
     def admit_now(self, client: str) -> Held | Refusal | None:
         """:meth:`admit` when nothing has to be awaited: a breaker in this process and

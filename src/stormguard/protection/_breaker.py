@@ -37,7 +37,7 @@ from .._scope import AsyncScope, Decorator, Scope
 from ..core._breaker import Admission, BreakerConfig, BreakerCore, BreakerState, WindowKind
 from ..stores._fallback import OutageStats, ScriptStore, StoreHealth, logger
 from ..stores._memory import MemoryStore
-from ._breaker_store import BreakerStore, RemoteAdmission
+from ._breaker_store import BreakerStore, CachedAdmission, RemoteAdmission
 from ._memory_cells import memory_cell
 from ._permit import AReport, BreakerEvent, EventKind, Listener, Outcome, Permit, Report
 from ._tally import credits, drained
@@ -323,6 +323,50 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         """
         return self._core.closed_admission if self._store is None else None
 
+    def try_enter_cached(self) -> Admission | None:
+        """:meth:`try_enter`, and also for a shared breaker while its near cache is
+        fresh and says closed (no round trip, no lock).
+
+        A shared ticket settles like a local one: :meth:`settle` counts a success
+        for the next batch without a round trip (the batch goes with the next
+        reading of the store, at most ``staleness`` seconds later while calls
+        come); a failure is sent at once with the batch so far -- from a
+        coroutine use :meth:`asettle`, which awaits the store. ``None`` when the
+        cache is stale, says open or half-open, or the store is unreachable: ask
+        :meth:`acquire` / :meth:`aacquire`; nothing was taken.
+        """
+        store = self._store
+        if store is None:
+            return self._core.closed_admission
+        if self._health.degraded:
+            return None
+        return store.ticket(self._monotonic())
+
+    async def asettle(
+        self, admission: Admission, started: float, now: float, failure: bool = False
+    ) -> None:
+        """Async twin of :meth:`settle`: a shared ticket's failure (or slow call)
+        awaits the store; everything else is :meth:`settle` (no I/O)."""
+        store = self._store
+        if store is None or admission.__class__ is not CachedAdmission:
+            self.settle(admission, started, now, failure)
+            return
+        if not self._cached_failure(store, admission, started, now, failure):
+            return
+        state = await self._health.acall(lambda: store.arefresh(now), _no_reply)
+        if state is not None:
+            self._observe_remote(state.state)
+
+    def _cached_failure(
+        self, store: BreakerStore, admission: Admission, started: float, now: float, failure: bool
+    ) -> bool:
+        # A shared ticket's outcome joins the batch; True when it must be sent now
+        # (a failure or slow call of the ticket's generation: it may trip).
+        slow = self._slow
+        failure = failure or (slow is not None and now - started >= slow)
+        due = store.batched(admission.generation, failure, now)
+        return failure and due
+
     def settle(
         self, admission: Admission, started: float, now: float, failure: bool = False
     ) -> None:
@@ -333,7 +377,10 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
         Lock-free while it cannot change the state: a success (faster than
         ``slow_call``) of a closed breaker that is not about to judge its window
         takes one credit of a batch; the lock is taken when the batch is spent,
-        for a failure, a slow call or a probe, which may change the state.
+        for a failure, a slow call or a probe, which may change the state. A
+        shared ticket (:meth:`try_enter_cached`) counts a success for the store's
+        next batch and sends a failure at once (a round trip: from a coroutine,
+        :meth:`asettle`).
         """
         core = self._core
         if (
@@ -349,6 +396,15 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
                 return
             except IndexError:  # the batch is spent: counted now, with this one
                 pass
+        store = self._store
+        if store is not None and admission.__class__ is CachedAdmission:
+            if failure:
+                store.shared.check_sync()  # before the batch is taken: nothing lost
+            if self._cached_failure(store, admission, started, now, failure):
+                state = self._health.call(lambda: store.refresh(now), _no_reply)
+                if state is not None:
+                    self._observe_remote(state.state)
+            return
         self._outcome(admission, started, failure, now)
 
     def _drain(self) -> None:

@@ -37,11 +37,11 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..core._breaker import BreakerConfig
+from ..core._breaker import Admission, BreakerConfig
 from ..stores._fallback import ScriptStore
 from ._permit import Permit
 
-__all__ = ["BreakerStore", "RemoteAdmission"]
+__all__ = ["BreakerStore", "CachedAdmission", "RemoteAdmission"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,13 @@ class RemoteAdmission:
     remaining: float
     lease_id: str
     state: str
+
+
+@dataclass(frozen=True, slots=True)
+class CachedAdmission(Admission):
+    """A closed admission handed out from a shared breaker's fresh near cache
+    (CircuitBreaker.try_enter_cached): its success joins the next batch, its
+    failure is sent with the batch at once."""
 
 
 def _text(value: Any) -> str:
@@ -112,14 +119,16 @@ class BreakerStore:
         self._arefreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
-        # (read at, closed admission or None, open until, generation, state): one
-        # tuple replaced at once, so a lock-free reader sees one consistent reading.
-        self._cache: tuple[float, RemoteAdmission | None, float, int, str] = (
+        # (read at, closed admission or None, open until, generation, state, closed
+        # ticket or None): one tuple replaced at once, so a lock-free reader sees one
+        # consistent reading.
+        self._cache: tuple[float, RemoteAdmission | None, float, int, str, Admission | None] = (
             _NEVER,
             None,
             _NEVER,
             0,
             "closed",
+            None,
         )
         self._batch = [0, 0, 0, _NEVER]  # generation, successes, failures, first at
 
@@ -142,7 +151,7 @@ class BreakerStore:
 
     def cached(self, now: float) -> RemoteAdmission | None:
         """The answer of a fresh cached state, or None when the store must be asked."""
-        read_at, closed, open_until, generation, state = self._cache
+        read_at, closed, open_until, generation, state, _ = self._cache
         if now - read_at >= self.staleness:
             return None
         if closed is not None:
@@ -150,6 +159,14 @@ class BreakerStore:
         if state == "open" and now < open_until:
             return RemoteAdmission(False, False, generation, open_until - now, "", state)
         return None
+
+    def ticket(self, now: float) -> Admission | None:
+        """The closed ticket of a fresh cached "closed" (no lock, no round trip), or
+        None when the store must be asked."""
+        read_at, _, _, _, _, ticket = self._cache
+        if ticket is None or now - read_at >= self.staleness:
+            return None
+        return ticket
 
     def batched(self, generation: int, failure: bool, now: float) -> bool:
         """Count a closed outcome for the next batch; True when the batch is due.
@@ -180,12 +197,13 @@ class BreakerStore:
         state, generation, remaining = _text(reply[0]), int(reply[1]), float(reply[2])
         answer = RemoteAdmission(state == "closed", False, generation, remaining, "", state)
         closed = answer if state == "closed" else None
-        self._cache = (now, closed, now + remaining, generation, state)
+        ticket = CachedAdmission(True, False, generation) if closed is not None else None
+        self._cache = (now, closed, now + remaining, generation, state, ticket)
         return answer
 
     def forget(self) -> None:
         """Drop the cached state (the next call asks the store)."""
-        self._cache = (_NEVER, None, _NEVER, 0, "closed")
+        self._cache = (_NEVER, None, _NEVER, 0, "closed", None)
 
     def refresh(self, now: float) -> RemoteAdmission:
         """Send the batch and read the state (one round trip); refreshes the cache."""
