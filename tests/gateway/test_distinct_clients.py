@@ -12,7 +12,7 @@ import pytest
 
 from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._h1client import H1Pool
-from stormguard.gateway._wire import patched_block, request_headers
+from stormguard.gateway._wire import block_patch, changed_at, patched_block, request_headers
 from stormguard.server._view import ScopeView
 
 Factory = Callable[..., Any]
@@ -123,6 +123,40 @@ def test_any_other_change_renders_the_block_afresh(kept: Headers, changed: Heade
     """Two changes, a renamed or rewritten header, a dropped one, an ambiguous line: no
     patch (None), the lines are rendered from scratch."""
     assert patched_block(kept, _block(kept), changed) is None
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [b"client-2", b"client-3", b"a-much-longer-client-key", b"c"],
+        [b"client-1", b"client-1"],  # the same key again
+    ],
+)
+def test_a_kept_patch_renders_each_next_value_as_afresh(keys: list[bytes]) -> None:
+    """The patch found once (at, head, tail) makes, for every next value of the same
+    header, exactly the lines rendered from scratch."""
+    at, head, tail = block_patch(BASE, _block(BASE), OTHER_KEY) or (-1, b"", b"")
+    assert at == 1
+    kept = OTHER_KEY
+    for key in keys:
+        changed = [(b"host", b"gw"), (b"x-api-key", key), (b"accept", b"*/*")]
+        assert changed_at(kept, changed, at) == (at if changed != kept else -1)
+        assert head + key + tail == _block(changed)
+        kept = changed
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"text/html")],
+        [(b"host", b"gw"), (b"x-api-key", b"client-1"), (b"accept", b"text/html")],
+        [(b"host", b"gw"), (b"x-team", b"client-2"), (b"accept", b"*/*")],
+        [(b"host", b"gw"), (b"x-api-key", b"client-2")],
+    ],
+)
+def test_a_kept_patch_is_not_used_for_any_other_change(changed: Headers) -> None:
+    """Another header changed too, instead, renamed, or one fewer: not at the kept place."""
+    assert changed_at(OTHER_KEY, changed, 1) == -1
 
 
 def test_clients_changing_on_one_connection_keep_their_own_limits_and_headers(

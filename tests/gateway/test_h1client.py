@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 from collections.abc import AsyncIterator, Callable
 
@@ -420,9 +421,11 @@ class _SocketTransport:
         return self.sock if name == "socket" else default
 
 
-def test_an_idle_connection_with_unread_bytes_is_not_quiet() -> None:
+@pytest.mark.parametrize("poll", [True, False], ids=["poll", "select"])
+def test_an_idle_connection_with_unread_bytes_is_not_quiet(poll: bool) -> None:
     """Bytes the loop has not delivered yet (a late answer) make an idle connection
-    unfit for reuse; read, it is quiet again; a closed peer is not quiet either."""
+    unfit for reuse; read, it is quiet again; a closed peer is not quiet either (with
+    its poll set, and with select where there is no poll)."""
     from stormguard.gateway._h1client import _Connection
 
     ours, theirs = socket.socketpair()
@@ -430,6 +433,9 @@ def test_an_idle_connection_with_unread_bytes_is_not_quiet() -> None:
         pool = H1Pool(4, Timeout())
         conn = _Connection(pool, pool._endpoint("http://127.0.0.1:9"))
         conn.connection_made(_SocketTransport(ours))  # type: ignore[arg-type]
+        assert (conn.poller is not None) is hasattr(select, "poll")
+        if not poll:
+            conn.poller = None
         assert conn.quiet()
         theirs.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlate")
         assert not conn.quiet()

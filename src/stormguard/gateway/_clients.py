@@ -51,7 +51,11 @@ class ClientIdentity:
         :attr:`header_names`): equal tokens, the same ``(rule, key)``."""
         names = self.header_names
         assert names is not None
-        return tuple((name, value) for name, value in headers if name.lower() in names)
+        token = []
+        for pair in headers:
+            if pair[0].lower() in names:
+                token.append(pair)
+        return tuple(token)
 
     def view(self, scope: Any, token: tuple[tuple[bytes, bytes], ...] | None) -> ScopeView:
         """The request of ``scope`` as the rules read it; with the ``token`` of
@@ -90,7 +94,9 @@ class _NamingView(ScopeView):
     def __init__(
         self, scope: Any, token: tuple[tuple[bytes, bytes], ...], names: frozenset[bytes]
     ) -> None:
-        super().__init__(scope)
+        # ScopeView.__init__'s two fields, set here (a frame less per new client)
+        self.raw: Any = scope
+        self._headers: dict[str, str] | None = None
         self._token = token
         self._names = names
 
@@ -98,5 +104,9 @@ class _NamingView(ScopeView):
         wanted = name.encode("latin-1")
         if wanted not in self._names:
             return super().header(name)
-        values = [value.decode("latin-1") for key, value in self._token if key.lower() == wanted]
-        return ", ".join(values) if values else None
+        found = None  # the values comma-joined, as ScopeView joins repeated headers
+        for key, value in self._token:
+            if key.lower() == wanted:
+                text = value.decode("latin-1")
+                found = text if found is None else f"{found}, {text}"
+        return found

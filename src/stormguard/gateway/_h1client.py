@@ -279,6 +279,7 @@ class _Connection(asyncio.Protocol):
         self.last_read = 0.0
         self.deadline = 0.0  # loop time the whole exchange must end by (0: none)
         self.fd = -1  # the socket's descriptor (the idle check)
+        self.poller: select.poll | None = None  # its poll(2) set, made once (quiet)
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -286,20 +287,24 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         self.fd = sock.fileno() if sock is not None else -1
+        if self.fd >= 0 and hasattr(select, "poll"):  # (not on Windows: select there)
+            self.poller = select.poll()
+            self.poller.register(self.fd, select.POLLIN)
 
     def quiet(self) -> bool:
         """Nothing waits unread on the idle connection. Bytes (or the peer's FIN) that
         arrived while it sat in the pool but that the loop has not handed to
         data_received yet would be taken for the next request's answer: such a
         connection is closed instead of reused (urllib3 checks a pooled connection
-        the same way). One poll(2) with no wait."""
-        if self.fd < 0:
-            return True
+        the same way). One poll(2) with no wait, on the set made with the connection
+        (any event -- bytes, the peer's FIN, an error -- is not quiet)."""
+        poller = self.poller
         try:
-            ready = select.select((self.fd,), (), (), 0)[0]
+            if poller is not None:
+                return not poller.poll(0)
+            return self.fd < 0 or not select.select((self.fd,), (), (), 0)[0]
         except (OSError, ValueError):
             return False
-        return not ready
 
     def data_received(self, data: bytes) -> None:
         response = self.response

@@ -97,6 +97,7 @@ class CompiledRoute:
     classify: Classify | None = None  # the request's priority class (overload control)
     idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
     stages: tuple[Any, ...] = ()  # the request chain's stages for it (chain.stages_of), once
+    direct: tuple[Any, ...] = ()  # those of them a direct exchange runs (chain.stages_of)
 
     def matches(self, path: str, method: str, host: str | None) -> bool:
         """Prefix (segment-aware), methods and host match."""

@@ -12,6 +12,8 @@ from .http._head import status_line
 __all__ = [
     "DISCONNECT",
     "HOP_BY_HOP",
+    "block_patch",
+    "changed_at",
     "patched_block",
     "request_headers",
     "response_head",
@@ -118,14 +120,21 @@ def patched_block(
     by ``X-API-Key`` (issue 24); else None (render them afresh)."""
     if len(kept) != len(raw):
         return None
-    at = -1
-    for i, (old, new) in enumerate(zip(kept, raw, strict=True)):
-        if old != new:
-            if at >= 0 or old[0] != new[0]:
-                return None
-            at = i
-    if at < 0:
+    if kept == raw:
         return block
+    patch = block_patch(kept, block, raw)
+    return None if patch is None else patch[1] + raw[patch[0]][1] + patch[2]
+
+
+def block_patch(
+    kept: list[tuple[bytes, bytes]], block: bytes, raw: list[tuple[bytes, bytes]]
+) -> tuple[int, bytes, bytes] | None:
+    """:func:`patched_block` as ``(at, head, tail)``: the lines for ``raw`` are ``head
+    + raw[at][1] + tail``, and so are those of any headers that differ from ``raw`` in
+    the value at ``at`` alone (:func:`changed_at`); None: render them afresh."""
+    at = changed_at(kept, raw, -1)
+    if at < 0:
+        return None
     name, value = kept[at]
     if name in _REQUEST_DROP or name in _CLIENT_FORWARDING or name.startswith(_X_FORWARDED):
         return None  # request_headers rewrites these itself
@@ -134,7 +143,26 @@ def patched_block(
     first = whole.find(line)
     if first < 0 or whole.find(line, first + 1) >= 0:
         return None  # dropped (named by Connection), or not the only such line
-    return b"".join((block[:first], name, b": ", raw[at][1], whole[first + len(line) - 2 :]))
+    return at, block[:first] + name + b": ", whole[first + len(line) - 2 :]
+
+
+def changed_at(kept: list[tuple[bytes, bytes]], raw: list[tuple[bytes, bytes]], at: int) -> int:
+    """The one index where ``raw`` differs from ``kept`` (as long), in a value only;
+    -1 when none or more do, or a name does. ``at`` >= 0: that index, or -1."""
+    if len(kept) != len(raw):
+        return -1
+    if 0 <= at < len(raw):  # that index only: the rest compared whole, in C
+        old, new = kept[at], raw[at]
+        if old[0] == new[0] and old[1] != new[1] and kept[:at] == raw[:at]:
+            return at if kept[at + 1 :] == raw[at + 1 :] else -1
+        return -1
+    found = -1
+    for i, (old, new) in enumerate(zip(kept, raw, strict=True)):
+        if old != new:
+            if found >= 0 or old[0] != new[0]:
+                return -1
+            found = i
+    return found if at < 0 else -1
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

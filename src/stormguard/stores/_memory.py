@@ -200,6 +200,30 @@ class MemoryStore:
         leased = False
         with self._lock:
             now = self._monotonic()
+            if quiet:
+                # The common quiet hit (no lease, every limit admits: a gateway's new
+                # client) without a row per limit; anything else is decided below
+                # from the start, with the same `now` (nothing was written).
+                admitted = []
+                for algorithm, name, key in limits:
+                    if type(algorithm) is Concurrency:
+                        break
+                    skey = name + "\x00" + key
+                    entry = data.get(skey)
+                    state = None if entry is None or entry[0] <= now else entry[1]
+                    outcome = algorithm.advance(state, now, cost, "")
+                    if not outcome[1]:
+                        break
+                    admitted.append((skey, outcome))
+                else:
+                    if cost > 0:
+                        for skey, o in admitted:
+                            if skey in data and o[3] > 0:  # as the writes below
+                                data[skey] = (now + o[3], o[0])
+                                data.move_to_end(skey)
+                            else:
+                                put(skey, o[0], o[3], now)
+                    return None
             for algorithm, name, key in limits:
                 skey = name + "\x00" + key
                 entry = data.get(skey)

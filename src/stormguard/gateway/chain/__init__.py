@@ -1,7 +1,8 @@
 """The gateway's request chain: its stages written once, run by two drivers.
 
 Stages, in order (``_stages.py``; one object each, for every request; a compiled
-route's tuple holds the ones that apply to it, built once):
+route's tuple holds the ones that apply to it, built once, and a direct exchange
+runs ``route.direct``, the same without the body cap):
 route -> client key -> body cap -> limits (+ shaping) -> idempotency -> priority and
 overload control (shedding, the adaptive limit, admission control) ->
 upstream guard (breaker + bulkhead) -> upstream attempts -> answer. Request head
@@ -28,7 +29,8 @@ other value stops the start with an error naming the variable):
   makes the request's exchange and schedules its first stage with
   ``loop.call_soon``; every stage then runs in loop callbacks (futures'
   done-callbacks), and in a task only where a coroutine must run.
-* ``auto`` (the default): today the same as ``callback``.
+* ``auto`` (the default): ``callback`` (driver 1 until a stage waits, then driver
+  2); ``resume`` alone only adds a scheduled call per request.
 
 Both drivers run the same stage objects in the same order, so every answer,
 header, metric and access log line is the same whichever runs; the tests and the

@@ -15,8 +15,9 @@
 #   entered from the parser's callback or from a loop callback) never awaits;
 #   ``arun`` is the loop inside a task (the ASGI leg), which awaits a future or
 #   a coroutine in place;
-# * ``ex.stages`` is read afresh at each step: the route stage replaces the entry
-#   tuple with its route's (built once per compiled route), index for index.
+# * the route stage replaces the entry tuple (ENTRY: the route stage alone) with
+#   its route's (built once per compiled route), index for index: ``run`` reads
+#   ``ex.stages`` afresh when it reaches the end of the tuple it ran.
 from __future__ import annotations
 
 import asyncio
@@ -95,13 +96,19 @@ class Stage:
 def run(ex: Any, i: int) -> None:
     """Run ``ex``'s stages from index ``i`` until one answers or waits."""
     try:
+        stages = ex.stages
+        n = len(stages)
         while True:
-            stages = ex.stages
-            if i >= len(stages):
-                return
+            if i >= n:
+                if ex.stages is stages:
+                    return
+                stages = ex.stages  # the route's, after the route stage
+                n = len(stages)
+                continue
             out = stages[i].run(ex)
             if out is not None:
-                after(ex, i, out)
+                if out is not DONE:
+                    after(ex, i, out)
                 return
             i += 1
     except Exception:  # a bug must not leave the client without an answer

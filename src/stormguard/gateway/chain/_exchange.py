@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 from ...protection._permit import Permit
@@ -24,7 +24,7 @@ from .._h1client import H1Response, UpstreamConnectError, UpstreamError
 from .._retries import stale_resend
 from .._runtime import CompiledRoute, Runtime
 from .._upstream import Held, Holder, UpstreamPool
-from .._wire import DISCONNECT, patched_block, request_headers, response_head
+from .._wire import DISCONNECT, block_patch, changed_at, request_headers, response_head
 from ..http._cycle import Cycle
 from ._books import BUFFER, account
 from ._driver import arun, resumed, run
@@ -69,6 +69,7 @@ class Exchange:
         "host",
         "keep_alive",
         "key",
+        "late",
         "method",
         "more_body",
         "on_lost",
@@ -133,7 +134,7 @@ class Exchange:
         self.admitted = False
         self.permit: Permit | None = None
         self.target: Any = None
-        self.started = time.perf_counter()
+        self.started = perf_counter()
         self.sent = 0.0
         self.response_complete = self.disconnected = False
         self.more_body = False
@@ -172,7 +173,11 @@ class Exchange:
 
     def to_cycle(self, i: int) -> None:
         """Stage ``i`` must read through ASGI: the listener's Cycle takes the request
-        over (in a task) and the chain goes on there from that stage."""
+        over (in a task) and the chain goes on there from that stage (at its place
+        in the route's whole tuple: a direct exchange runs ``route.direct``)."""
+        stages = self.route.stages
+        i = stages.index(self.stages[i])
+        self.stages = stages
         proto = self.proto
         cycle = Cycle(proto, self.scope, self.keep_alive, False)
         cycle.more_body = False  # a direct exchange's request has no body
@@ -210,29 +215,34 @@ class Exchange:
         # its last request (one kept per connection; a reload brings new rules).
         raw = scope["headers"]
         identity = self.rt.identity
-        kept = proto.header_block
+        kept = proto.header_block  # (raw, identity, method, block, patch)
         if kept is not None and kept[1] is identity and kept[2] == method and kept[0] == raw:
             block = kept[3]
         else:
-            block = None
+            block = patch = None
             if kept is not None and kept[1] is identity and kept[2] == method:
-                block = patched_block(kept[0], kept[3], raw)  # one value changed (issue 24)
+                # One value changed (issue 24): the lines patched; where the same one
+                # changed as last time, at the place found then (_wire.block_patch).
+                patch = kept[4]
+                if patch is None or changed_at(kept[0], raw, patch[0]) < 0:
+                    patch = block_patch(kept[0], kept[3], raw)
+                if patch is not None:
+                    block = patch[1] + raw[patch[0]][1] + patch[2]
             if block is None:
                 headers = request_headers(scope, identity.trusted_peer(ScopeView(scope)))
                 block = pool.client.header_block(method, headers)
-            proto.header_block = (raw, identity, method, block)
+            proto.header_block = (raw, identity, method, block, patch)
         path = scope["raw_path"]
         query = scope["query_string"]
-        self.sent = time.perf_counter()
-        self.request = (method, path + b"?" + query if query else path, block)
-        self.response = pool.client.send_now(conn, *self.request, self, proto.outbox)
+        self.sent = perf_counter()
+        target = path + b"?" + query if query else path
+        self.request = (method, target, block)
+        self.response = pool.client.send_now(conn, method, target, block, self, proto.outbox)
 
     # -- the answer, from the upstream connection ---------------------------------------
 
     def answer_head(self, response: H1Response) -> None:
-        self.rt.metrics.observe_latency(
-            self.pool.name, time.perf_counter() - self.sent, response.status
-        )
+        self.rt.metrics.observe_latency(self.pool.name, perf_counter() - self.sent, response.status)
         status = response.status
         failed = status >= 500
         pool, target = self.pool, self.target

@@ -34,10 +34,12 @@ __all__ = [
     "ENTRY",
     "GUARD",
     "IDEMPOTENCY",
+    "LEASED_LIMITS",
     "LIMITS",
     "OVERLOAD",
     "RETRIES",
     "ROUTE",
+    "STORE_LIMITS",
     "stages_of",
 ]
 
@@ -68,7 +70,10 @@ class RouteStage(Stage):
         if route is None:
             return _NOT_FOUND
         ex.route, ex.pool = route, route.upstream
-        ex.stages = route.stages or stages_of(route)
+        if not route.stages:
+            stages_of(route)
+        # a direct exchange runs the route's stages that can act on it (stages_of)
+        ex.stages = route.direct if ex.send is None else route.stages
         return None
 
 
@@ -81,12 +86,27 @@ class ClientStage(Stage):
     def run(self, ex: Any) -> Any:
         scope, proto = ex.scope, ex.proto
         identity = ex.rt.identity
-        known = proto.client_known if proto is not None else None
-        # issue 24: clients named by headers are named again only when those headers change
-        token = identity.token(scope["headers"]) if identity.header_names is not None else None
-        if known is not None and known[0] is identity and known[4] == token:
+        # (identity, rule, key, client id, token, headers) of the connection's last
+        # request, when its client is kept
+        known: Any = proto.client_known if proto is not None else None
+        raw = scope["headers"]
+        token = None
+        if known is not None and known[0] is identity:
+            # issue 24: clients named by headers are named again only when those
+            # headers change (the same headers as last time: the same token)
+            names = identity.header_names
+            if names is not None and known[5] != raw:
+                token = identity.token(raw)
+                steady = known[4] == token
+            else:
+                steady = True
+        else:
+            steady = False
+            if identity.header_names is not None:
+                token = identity.token(raw)
+        if steady:
             ex.steady = True
-            _, ex.rule, key, ex.client, _ = known
+            _, ex.rule, key, ex.client, _, _ = known
         else:
             view = ex.view = identity.view(scope, token)
             ex.rule, key = identity.identify(view)
@@ -96,7 +116,7 @@ class ClientStage(Stage):
                 # The same client on every request of the connection, when only its
                 # address can name it: named once; by headers, until they change.
                 cached = identity.per_connection or token is not None
-                proto.client_known = (identity, ex.rule, key, "", token) if cached else None
+                proto.client_known = (identity, ex.rule, key, "", token, raw) if cached else None
                 proto.limits_known = None
         ex.key = scope[CLIENT_KEY] = key
         return None
@@ -126,25 +146,14 @@ class BodyCapStage(Stage):
 
 class LimitsStage(Stage):
     """The route's limits in one store call (429), shaping (hold at most ``delay``
-    s), a Concurrency limit's lease (given back once answered)."""
+    s); a MemoryStore's decided here and now. (A route whose limits are in another
+    store, or hold a Concurrency lease, has the stage of its kind: stages_of.)"""
 
     __slots__ = ()
     name = "limits"
 
     def run(self, ex: Any) -> Any:
-        route: CompiledRoute = ex.route
-        rules = route.rules
-        assert rules is not None
-        if route.leased:
-            if ex.send is None:
-                return NEEDS_CYCLE
-            return _asgi.leased_limits(ex)
-        scope = ex.scope
-        if not rules.in_memory:
-            # fleet (issue 25): the limits join the store's next batch now; the
-            # chain goes on from the Pending's callback when the reply is in.
-            view = ex.view or ScopeView(scope)
-            return rules.submit(view, ex.method, scope["path"], quiet=True)
+        rules = ex.route.rules
         # A connection's one client meets the same limit keys on every request
         # (a route's limits are per client or global): found once per route, and
         # decided by the store's group hitter for them (RuleSet.refusal_hitter).
@@ -153,6 +162,7 @@ class LimitsStage(Stage):
         if ex.steady and cached is not None and cached[0] is rules:
             decision = cached[1]()
         else:
+            scope = ex.scope
             view = ex.view = ex.view or ScopeView(scope)
             limits = rules.plain_limits(view)
             if limits is None:
@@ -179,6 +189,32 @@ class LimitsStage(Stage):
         if ex.route.delay is not None:
             return _asgi.shaped(ex, decision)
         return limit_refusal(ex.route, decision)
+
+
+class StoreLimitsStage(LimitsStage):
+    """The limits stage of a route whose store is not a MemoryStore: its limits join
+    the store's next batch (resumed from the Pending's callback, :meth:`resume`)."""
+
+    __slots__ = ()
+
+    def run(self, ex: Any) -> Any:
+        # fleet (issue 25): the limits join the store's next batch now; the
+        # chain goes on from the Pending's callback when the reply is in.
+        scope = ex.scope
+        view = ex.view or ScopeView(scope)
+        return ex.route.rules.submit(view, ex.method, scope["path"], quiet=True)
+
+
+class LeasedLimitsStage(LimitsStage):
+    """The limits stage of a route with a Concurrency limit: its lease is given back
+    once answered, so the limits are decided on the ASGI leg."""
+
+    __slots__ = ()
+
+    def run(self, ex: Any) -> Any:
+        if ex.send is None:
+            return NEEDS_CYCLE
+        return _asgi.leased_limits(ex)
 
 
 class IdempotencyStage(Stage):
@@ -220,6 +256,8 @@ class GuardStage(Stage):
             if ticket is not None:
                 ex.ticket, ex.admitted = ticket, True
                 return None
+        if ex.send is not None and _asgi.unread(ex):
+            return self._read_first(ex)
         if not ex.client:
             ex.client = client_id(ex.key)
         try:
@@ -232,6 +270,12 @@ class GuardStage(Stage):
             return held
         ex.held = held
         return None
+
+    async def _read_first(self, ex: Any) -> Any:
+        # the small body whole before a slot is taken (_asgi.unread)
+        if not await _asgi.prefetched(ex):
+            return DONE
+        return self.run(ex)
 
     @staticmethod
     async def _admit(ex: Any) -> Any:
@@ -310,6 +354,8 @@ ROUTE = RouteStage()
 CLIENT = ClientStage()
 BODY_CAP = BodyCapStage()
 LIMITS = LimitsStage()
+STORE_LIMITS = StoreLimitsStage()
+LEASED_LIMITS = LeasedLimitsStage()
 IDEMPOTENCY = IdempotencyStage()
 OVERLOAD = OverloadStage()
 RETRIES = RetriesStage()
@@ -319,10 +365,15 @@ ENTRY: tuple[Stage, ...] = (ROUTE,)
 
 
 def stages_of(route: CompiledRoute) -> tuple[Stage, ...]:
-    """The route's stages (index 0 is the route stage, as in ENTRY), built once."""
+    """The route's stages (index 0 is the route stage, as in ENTRY), built once; and
+    (``route.direct``) those of them that can act on a direct exchange."""
     stages: list[Stage] = [ROUTE, CLIENT, BODY_CAP]
-    if route.rules is not None:
-        stages.append(LIMITS)
+    rules = route.rules
+    if rules is not None:
+        if route.leased:
+            stages.append(LEASED_LIMITS)
+        else:
+            stages.append(LIMITS if rules.in_memory else STORE_LIMITS)
     if route.config.idempotency != "off":
         stages.append(IDEMPOTENCY)
     if route.upstream.overload is not None:
@@ -330,5 +381,9 @@ def stages_of(route: CompiledRoute) -> tuple[Stage, ...]:
     if route.upstream.attempts != 1:
         stages.append(RETRIES)
     stages += (GUARD, ATTEMPTS)
+    # A direct exchange's request has no body: the body cap never acts on it. (A
+    # stage that hands it to the ASGI leg goes on there at its place in the whole
+    # tuple: Exchange.to_cycle.)
+    route.direct = tuple(stage for stage in stages if stage is not BODY_CAP)
     route.stages = tuple(stages)
     return route.stages
