@@ -233,6 +233,10 @@ GATEWAY_ON = GATEWAY_OFF.replace(
     f"    overload: {{max_wait: {MAX_WAIT}, max_queue: {4 * SLOTS}}}\n",
 )
 
+# The same, but a request whose client hung up gives its slot back at once
+# (hold_abandoned: false) instead of when the upstream answers.
+GATEWAY_CUT = GATEWAY_ON.replace("max_queue: ", "hold_abandoned: false, max_queue: ")
+
 
 # -- the load -----------------------------------------------------------------------
 
@@ -481,11 +485,14 @@ def run(
     *,
     quick: bool = False,
     picture: str = "overload.png",
+    quick_levels: dict[str, tuple[float, ...]] | None = None,
 ) -> list[Row]:
     """The whole table: every contender at every level; prints it and the pinned lines.
 
-    ``contenders`` maps ``"on"`` and ``"off"`` to contenders (default: the ASGI ones);
-    pass gateway contenders to measure the gateway's overload stage instead.
+    ``contenders`` maps ``"on"`` and ``"off"`` (and others) to contenders (default:
+    the ASGI ones); pass gateway contenders to measure the gateway's overload stage
+    instead. ``quick_levels``: with ``quick``, the levels a contender runs at
+    (default: every level), so that the quick run stays under two minutes.
     """
     contenders = contenders or {"on": asgi_contender("on"), "off": asgi_contender("off")}
     seconds, warmup = (4.0, 2.0) if quick else (15.0, 4.0)
@@ -505,7 +512,9 @@ def run(
     )
     rows = []
     for level in LEVELS:
-        for mode in ("on", "off"):
+        for mode in contenders:
+            if quick and level not in (quick_levels or {}).get(mode, LEVELS):
+                continue
             row = run_level(contenders[mode], mode, level, seconds=seconds, warmup=warmup)
             rows.append(row)
             print(
@@ -524,7 +533,7 @@ def run(
     drawn = _plot(rows, unloaded.p99_ms, out)
     if drawn is not None:
         print(f"wrote {drawn}")
-    for mode in ("on", "off"):
+    for mode in contenders:
         row = next(r for r in rows if r.mode == mode and r.offered == 3.0)
         print(f"goodput at 3x capacity: {row.goodput:.0f} % (overload control {mode})")
     return rows
@@ -537,11 +546,19 @@ def main(quick: bool = False) -> None:
 
 def main_gateway(quick: bool = False) -> None:
     """``python -m bench overload-gateway [--quick]``: the same load through
-    ``stormguard gateway``, its overload stage on the upstream (on) or not (off).
+    ``stormguard gateway``, its overload stage on the upstream (on) or not (off);
+    ``cut``: on, but a hung-up request's slot is given back at the hang-up (from
+    3x only in a quick run, which has `off` at 0.5x, 1x and 3x).
     The server-timed p99 is the upstream's (the gateway's line wait is in the
     clients' column only)."""
-    contenders = {"on": gateway_contender(GATEWAY_ON), "off": gateway_contender(GATEWAY_OFF)}
-    run(contenders, quick=quick, picture="overload-gateway.png")
+    contenders = {
+        "on": gateway_contender(GATEWAY_ON),
+        "off": gateway_contender(GATEWAY_OFF),
+        "cut": gateway_contender(GATEWAY_CUT),
+    }
+    # A quick run has `off` before the knee and collapsed at 3x, `cut` at 3x only.
+    quick_levels = {"off": (0.5, 1.0, 3.0), "cut": (3.0,)}
+    run(contenders, quick=quick, picture="overload-gateway.png", quick_levels=quick_levels)
 
 
 if __name__ == "__main__":

@@ -291,6 +291,11 @@ class OverloadSettings(_Model):
     standing_wait: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = 0.005
     standing_after: Seconds = 0.1
     retry_after: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 1.0
+    # A request whose client hangs up while its attempt is out keeps its slot until
+    # the upstream answers (as nginx's proxy_ignore_client_abort): the upstream works
+    # on it anyway, and the limit learns its real latency. False: the slot is given
+    # back at the hang-up and the attempt cut.
+    hold_abandoned: bool = True
 
 
 class EjectSettings(_Model):

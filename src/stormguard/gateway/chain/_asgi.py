@@ -12,7 +12,11 @@
 # retry carries `Retry-Attempt: N`; an answer after the gateway gave up retrying
 # carries `x-should-retry: false`.
 #
-# The client's disconnect cancels the upstream exchange: our listener reports it
+# A small body is read whole before the overload stage or the upstream guard takes a
+# slot (unread / prefetched): a client trickling its body holds none.
+#
+# The client's disconnect cancels the upstream exchange (an upstream with overload
+# control: once its answer came, hold_abandoned): our listener reports it
 # (the cycle's on_lost); under another ASGI server a watcher waits for
 # `http.disconnect` and cancels the task, once the exchange lasted WATCH_AFTER.
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 from ...core._attempts import attempt_from
 from ...core._engine import Outcome
@@ -38,7 +42,16 @@ from .._wire import DISCONNECT, request_headers, response_headers
 from ._books import BODYLESS, BUFFER, limit_refusal
 from ._driver import DONE, arun
 
-__all__ = ["attempts", "idempotent", "leased_limits", "overloaded", "release_leases", "shaped"]
+__all__ = [
+    "attempts",
+    "idempotent",
+    "leased_limits",
+    "overloaded",
+    "prefetched",
+    "release_leases",
+    "shaped",
+    "unread",
+]
 
 WATCH_AFTER = 0.05  # seconds before a request's disconnect watcher starts
 _NO_BODY_STATUS = (204, 304)
@@ -168,6 +181,50 @@ async def _rest(scope: Scope, receive: Receive, send: Send) -> None:
     await arun(ex, i)
 
 
+# -- the request body, read before any upstream slot is taken ----------------------------
+
+
+class _Replay:
+    """``receive`` once a small body was read whole: the body in one message, then
+    the client's own ``receive`` (its disconnect)."""
+
+    __slots__ = ("body", "receive")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self.body: bytes | None = body
+        self.receive = receive
+
+    async def __call__(self) -> Message:
+        body = self.body
+        if body is None:
+            return await self.receive()
+        self.body = None
+        return {"type": "http.request", "body": body, "more_body": False}
+
+
+def unread(ex: Any) -> bool:
+    """The request declares a small body (a length up to BUFFER) not read yet. It is
+    read whole before the overload stage or the upstream guard takes a slot (nginx
+    too reads it before it connects upstream), so a client that trickles its body
+    holds no upstream slot while it does; larger and chunked bodies are streamed."""
+    if ex.receive.__class__ is _Replay:
+        return False
+    length = _header(ex.scope, b"content-length")
+    return length is not None and length.isdigit() and 0 < int(length) <= BUFFER
+
+
+async def prefetched(ex: Any) -> bool:
+    """Read the body :func:`unread` found; False when it did not come (the answer,
+    413 or 408, is given; a client gone gets none)."""
+    try:
+        body = await _read_all(ex.receive, ex.route, ex.rt.config.body_timeout)
+    except (_TooLarge, _BodyTimeout, _ClientGone) as exc:
+        await _read_failed(exc, ex)
+        return False
+    ex.receive = _Replay(body, ex.receive)
+    return True
+
+
 # -- priority and overload control ------------------------------------------------------
 
 
@@ -176,6 +233,8 @@ async def overloaded(ex: Any) -> Any:
     class (route, or the trusted priority header), its attempt number (Retry-Attempt
     and the peers' headers) and its client rank it in the upstream's line
     (server/_overload.py); what the upstream answered teaches the limit."""
+    if unread(ex) and not await prefetched(ex):
+        return DONE
     route: CompiledRoute = ex.route
     control = ex.pool.overload
     assert route.classify is not None and control is not None
@@ -195,7 +254,11 @@ async def overloaded(ex: Any) -> Any:
     if not ex.reached:
         control.release(ticket)  # refused by the guard: nothing went upstream
     elif ex.outcome == "client_gone":
-        control.abandon(ticket)  # the upstream may still be working on it
+        late = ex.late
+        if late:  # held until the upstream answered (hold_abandoned): a real latency
+            control.leave(ticket, failed=late >= 500, dropped=late in _DROPPED)
+        else:
+            control.abandon(ticket)  # the upstream may still be working on it
     else:
         status = ex.status
         dropped = status == 503 or ex.outcome == "upstream_timeout"
@@ -246,6 +309,7 @@ async def attempts(ex: Any) -> Any:
             await _read_failed(exc, ex)
             return DONE
         ex.reached = True  # (for the overload stage: the upstream was asked)
+        ex.late = 0  # (and what it answered after the client left, when held)
         await _guarded(ex, admission, body)
     finally:
         pool.done(admission)  # the gauge follows within a refresh (Gateway._refresh)
@@ -257,10 +321,18 @@ async def _guarded(ex: Any, admission: Any, body: bytes | _Stream | None) -> Non
     assert task is not None
     scope, receive = ex.scope, ex.receive
 
+    # An upstream with overload control keeps the slot of a request whose client
+    # left while an attempt is out until the upstream answers (hold_abandoned; as
+    # nginx's proxy_ignore_client_abort): the upstream goes on working on it anyway,
+    # and a slot given back early lets the line admit more than the upstream serves.
+    holds = ex.pool.holds
+    out: list[bool] = []  # an attempt is out to the upstream
+
     def client_gone() -> None:
         if not ex.done:
             ex.gone = True
-            task.cancel()
+            if not (holds and out):
+                task.cancel()
 
     # Our own listener tells us of a disconnect (once the body is read); under
     # another ASGI server, requests that last past WATCH_AFTER get a watcher task.
@@ -276,12 +348,14 @@ async def _guarded(ex: Any, admission: Any, body: bytes | _Stream | None) -> Non
             lambda: watcher.append(asyncio.ensure_future(_watch(receive, done, client_gone))),
         )
     try:
-        await _attempts(ex, admission, body)
+        await _attempts(ex, admission, body, out)
     except asyncio.CancelledError:
         if not ex.gone:
             raise
         ex.outcome, ex.status = "client_gone", 499
         task.uncancel()
+    except _Abandoned:
+        ex.outcome, ex.status = "client_gone", 499
     finally:
         if cycle is not None:
             cycle.on_lost = None
@@ -396,7 +470,16 @@ class _BodyFailed(Exception):
         self.cause = cause
 
 
-async def _attempts(ex: Any, admission: Any, body: bytes | _Stream | None) -> None:
+class _Abandoned(Exception):
+    """The client left while the attempt was out; the upstream has now answered."""
+
+
+# What the upstream answered after its client left that says "too much" (overloaded,
+# timed out): the adaptive limit learns a drop from it, as from a request still there.
+_DROPPED: Final = frozenset({503, 504})
+
+
+async def _attempts(ex: Any, admission: Any, body: bytes | _Stream | None, out: list[bool]) -> None:
     # The upstream attempts, run by the retry conversation (_retries.py): this
     # function makes one attempt and answers with how the conversation ended.
     rt, pool, scope, send = ex.rt, ex.pool, ex.scope, ex.send
@@ -422,9 +505,12 @@ async def _attempts(ex: Any, admission: Any, body: bytes | _Stream | None) -> No
     async def attempt(number: int) -> Outcome:
         while dropped:
             dropped.pop().release()
+        if ex.gone:  # no retry for a client that left (while the last attempt was out)
+            raise _Abandoned
         target = pool.pick(avoid=picked[0] if picked else None)
         picked[:] = (target,)
         sent = time.perf_counter()
+        out.append(True)
         try:
             response = await client.request(
                 target.base, method, target_path, numbered(headers, number), body
@@ -434,10 +520,19 @@ async def _attempts(ex: Any, admission: Any, body: bytes | _Stream | None) -> No
                 raise _BodyFailed(body.error) from exc  # the client's fault, not the upstream's
             rt.metrics.upstream_failed(pool.name, exc)
             pool.report(target, True)
+            if ex.gone:
+                ex.late = 504 if isinstance(exc, TimeoutError) else 502
+                raise _Abandoned from exc
             never_sent = isinstance(exc, UpstreamConnectError)
             return error_outcome(exc, never_sent, method, keyed)
+        finally:
+            out.clear()
         rt.metrics.observe_latency(pool.name, time.perf_counter() - sent, response.status)
         pool.report(target, response.status >= 500)
+        if ex.gone:
+            ex.late = response.status
+            response.release()
+            raise _Abandoned
         return response_outcome(policy, response, method, keyed, rt.clock)
 
     try:
