@@ -196,6 +196,14 @@ TARGETS = {
     LOG_ROW: (NGINX_LOG, 0.38, 2.6),
     DISTINCT_ROW: (HEADER_ROW, 0.80, 1.25),
 }
+REDIS_ROW = "stormguard gateway (redis)"
+APPROXIMATE_ROW = "stormguard gateway (redis, approximate)"
+# Issue 25 (fleet): row -> (least req/s ratio against nginx pass-through, most added
+# p50 at one connection in microseconds, or None).
+FLEET_TARGETS = {
+    REDIS_ROW: (0.30, 500.0),
+    APPROXIMATE_ROW: (0.40, None),
+}
 
 
 def _gateway_config(
@@ -498,6 +506,7 @@ def _print(rows: list[_Row], seconds: int, rounds: int) -> None:
         added = (r.p50_1 - direct.p50_1) * 1000
         print(f"{r.name:50} {r.p50_1:8.3f} {r.p99_1:8.3f} {added:8.0f}us {trips}")
     _print_targets({r.name: r for r in rows})
+    _print_fleet_targets({r.name: r for r in rows}, direct)
 
 
 def _print_targets(rows: dict[str, _Row]) -> None:
@@ -515,6 +524,26 @@ def _print_targets(rows: dict[str, _Row]) -> None:
             f"{name:50} {against:38} {rps:6.2f}x {'>=':>3}{min_rps:4.2f}x {rps_ok:7}"
             f" {cpu:6.2f}x {'<=':>3}{max_cpu:4.2f}x {cpu_ok}"
         )
+
+
+def _print_fleet_targets(rows: dict[str, _Row], direct: _Row) -> None:
+    """Issue 25's targets for the Redis rows, each said met or not."""
+    peer = rows.get("nginx pass-through")
+    if peer is None or not any(name in rows for name in FLEET_TARGETS):
+        return
+    print("\nissue 25 targets (fleet mode; medians of the rounds' ratios, same run)")
+    print(f"{'row':50} {'vs nginx':>8} {'target':>8}    {'added p50':>10} {'target':>9}")
+    for name, (min_rps, max_added) in FLEET_TARGETS.items():
+        if name not in rows:
+            continue
+        rps = statistics.median(_ratios(rows[name], peer, "rps"))
+        added = (rows[name].p50_1 - direct.p50_1) * 1000
+        met = "met" if rps >= min_rps else "NOT met"
+        line = f"{name:50} {rps:7.2f}x {'>=':>3}{min_rps:4.2f}x {met:7}"
+        if max_added is not None:
+            ok = "met" if added <= max_added else "NOT met"
+            line += f" {added:8.0f}us {'<=':>3}{max_added:4.0f}us {ok}"
+        print(line)
 
 
 if __name__ == "__main__":
