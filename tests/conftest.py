@@ -28,6 +28,7 @@ from typing import TypeVar
 
 import pytest
 
+from net_support import free_port
 from stormguard.testing import FakeClock
 
 T = TypeVar("T")
@@ -77,12 +78,6 @@ class Eventually:
 def eventually() -> Eventually:
     """Wait for a real server (mock, Redis, subprocess) to reach a state, by polling."""
     return Eventually()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -200,7 +195,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 def _start_redis() -> RedisServer:
-    port = _free_port()
+    port = free_port()
     workdir = tempfile.mkdtemp(prefix="stormguard-redis-")
     try:
         proc = _spawn_redis(port, workdir)

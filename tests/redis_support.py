@@ -69,6 +69,7 @@ class RedisProcess:
             raise FileNotFoundError("redis-server")
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--dir", self.workdir, "--loglevel", "warning"]
+        args += ["--repl-diskless-sync-delay", "0"]  # a replica syncs at once (default 5 s)
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
 from http_support import ScriptedServer, Sender, send_httpx_async, send_httpx_sync, send_requests
+
+from net_support import refused_port
 
 
 @pytest.fixture
@@ -22,10 +23,7 @@ def server() -> Iterator[ScriptedServer]:
 @pytest.fixture
 def dead_url() -> str:
     """A loopback URL where nothing listens (connection refused: never sent)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{refused_port()}"
 
 
 @pytest.fixture(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -162,6 +163,20 @@ class Gateway:
     def output(self) -> str:
         """Everything the gateway wrote to stdout/stderr so far."""
         return self.log.read_text(errors="replace")
+
+    def logged(self, *texts: str, within: float = 10.0) -> str:
+        """The output once every one of ``texts`` is in it (the access log is written in
+        batches by a thread, so a line may follow its answer by a moment); fails the
+        test naming what is missing after ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            out = self.output()
+            missing = [t for t in texts if t not in out]
+            if not missing:
+                return out
+            if time.monotonic() > deadline:
+                pytest.fail(f"not in the gateway's output within {within}s: {missing!r}")
+            time.sleep(0.02)
 
     def stop(self) -> None:
         """SIGTERM and wait."""

@@ -320,11 +320,11 @@ def test_status_answers_count_what_a_real_gateway_got_on_both_paths(
 ) -> None:
     """Each class, a timeout and a refused connection, through the callback path (GET) and
     the ASGI path (POST with a body): /status counts each attempt once, where it happened."""
-    from net_support import free_port
+    from net_support import refused_port
 
     up = upstream_factory()
     live = {"url": up.url, "timeout": {"read": 0.3}}
-    dead = {"url": f"http://127.0.0.1:{free_port()}", "timeout": {"connect": 0.5}}
+    dead = {"url": f"http://127.0.0.1:{refused_port()}", "timeout": {"connect": 0.5}}
     gw = gateway_factory(
         {
             "access_log": False,

@@ -219,6 +219,9 @@ _OUTAGE_SHOWN = f"""() => {{
   return s.fivexx && s.fivexx.values.some((v) => v > 0) && s.runs.some((r) => r.state === "open");
 }}"""
 
+_REFUSALS_SHOWN = f"""() => (({_CHART_STATE})({_CHARTS!r}).refused?.values || []).some(
+  (v) => v > 0)"""
+
 
 def _assert_outage_drawn(tab: Any, width: int) -> None:
     state = tab.evaluate(_CHART_STATE, _CHARTS)
@@ -275,6 +278,9 @@ def test_charts_show_the_outage_over_time_at_both_widths(
         wide.wait_for_function(_OUTAGE_SHOWN, timeout=30_000)
         load.path = "/echo"
         wide.wait_for_selector(_breaker("closed"), timeout=30_000)
+    # the state pill follows /status, the charts their own poll of the history: the
+    # open second's refusals may be drawn a poll after the pill says closed
+    wide.wait_for_function(_REFUSALS_SHOWN, timeout=30_000)
     _assert_outage_drawn(wide, 1280)
     wide.screenshot(path=str(tmp_path / "charts-1280.png"), full_page=True)
     narrow = _tab(browser, 390)  # opened after the outage

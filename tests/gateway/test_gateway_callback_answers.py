@@ -404,9 +404,9 @@ async def test_a_connections_client_is_named_once_when_only_its_address_can_name
     assert b.proto.client_known is None
     b.request(GET)
     b.answer(OK)
-    identity, rule, key, _, _ = b.proto.client_known
+    identity, rule, key, _, _, _ = b.proto.client_known
     assert identity is b.gateway.runtime.identity and (rule, key) == ("ip", "ip:10.1.2.3")
-    b.proto.client_known = (object(), "ip", "ip:stale", "00000000", None)  # another config's
+    b.proto.client_known = (object(), "ip", "ip:stale", "00000000", None, [])  # another config's
     b.request(GET)
     b.answer(OK)
     assert b.proto.client_known[2] == "ip:10.1.2.3"

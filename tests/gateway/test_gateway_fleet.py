@@ -203,7 +203,7 @@ def _bound(limit: dict[str, Any], seconds: float) -> float:
 
 
 @pytest.mark.redis
-@pytest.mark.slow
+@pytest.mark.stress  # three gateways hammered on one Redis, ~15 s: `make stress`
 def test_approximate_limits_stay_within_their_bound_on_several_processes(
     owned_redis: Any, upstream_factory: Factory, gateway_factory: Factory
 ) -> None:
@@ -308,7 +308,7 @@ def _load(ports: list[int], connections: int, seconds: float) -> None:
 
 
 @pytest.mark.redis
-@pytest.mark.slow
+@pytest.mark.stress  # two gateways under load on a stalling Redis, ~15 s: `make stress`
 def test_exact_limits_stay_exact_on_a_redis_that_answers_slowly_under_load(
     upstream_factory: Factory, gateway_factory: Factory
 ) -> None:

@@ -5,13 +5,13 @@ and the breaker on the wire, Retry-Attempt upstream, x-should-retry after giving
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from net_support import refused_port
 from stormguard import CircuitOpen, RetryPolicy
 from stormguard.core._engine import Outcome
 from stormguard.core._policy import RetryFailure
@@ -33,10 +33,7 @@ def _gateway(gateway_factory: Factory, targets: list[str], **upstream: Any) -> A
 
 def _dead_url() -> str:
     """A loopback address nobody listens on (a connect failure)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{refused_port()}"
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from test_grpc_support import (
     upstream_fixture,  # noqa: F401  (the `upstream` fixture)
 )
 
-from net_support import free_port
+from net_support import PortTaken, await_started, free_port, listening, stop_process
 from stormguard.gateway._grpc_gateway import PUSHBACK
 
 LIMIT = 5
@@ -48,37 +49,61 @@ routes:
 
 
 class GatewayProcess:
-    """One ``stormguard gateway --config FILE`` process with a gRPC and an admin listener."""
+    """One ``stormguard gateway --config FILE`` process with a gRPC and an admin listener.
+
+    Its output goes to a log file; :meth:`ready` fails quoting that log when the
+    process exits or does not listen in time, and starts it again on fresh ports
+    when another process took a "free" port between the probe and the bind.
+    """
 
     def __init__(
         self, directory: Path, store: str, upstream: str, workers: int = 1, max_body: int = 1 << 20
     ) -> None:
+        self._directory = directory
+        self._settings = {
+            "store": store,
+            "upstream": upstream,
+            "limit": LIMIT,
+            "service": SERVICE,
+            "max_body": max_body,
+        }
+        self._workers = workers
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.grpc, self.admin = free_port(), free_port()
-        path = directory / f"gateway-{self.grpc}.yaml"
+        path = self._directory / f"gateway-{self.grpc}.yaml"
+        self.log = self._directory / f"gateway-{self.grpc}.log"
         path.write_text(
-            CONFIG.format(
-                http=free_port(),
-                grpc=self.grpc,
-                admin=self.admin,
-                store=store,
-                upstream=upstream,
-                limit=LIMIT,
-                service=SERVICE,
-                max_body=max_body,
-            )
+            CONFIG.format(http=free_port(), grpc=self.grpc, admin=self.admin, **self._settings)
         )
         command = "from stormguard.cli import main; main()"
-        flags = ["--config", str(path), "--workers", str(workers)]
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", command, "gateway", *flags],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        flags = ["--config", str(path), "--workers", str(self._workers)]
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", command, "gateway", *flags],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
-    async def ready(self) -> None:
-        """Wait until the gRPC listener accepts connections."""
+    async def ready(self, within: float = 30) -> None:
+        """Wait until the gRPC and admin listeners accept connections."""
+        for tries_left in reversed(range(3)):
+            try:
+                await await_started(
+                    lambda: listening(self.grpc) and listening(self.admin),
+                    self.process,
+                    "the gateway",
+                    within,
+                    log=self.log,
+                )
+                break
+            except PortTaken:
+                if not tries_left:
+                    raise
+                self._spawn()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc}") as channel:
-            await channel.channel_ready()
+            await asyncio.wait_for(channel.channel_ready(), within)
 
     def status(self) -> dict[str, Any]:
         """The admin listener's /status document."""
@@ -89,12 +114,7 @@ class GatewayProcess:
 
     def stop(self) -> None:
         """SIGTERM, then wait (kill if it hangs)."""
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from test_grpc_support import (
     upstream_fixture,  # noqa: F401  (the `upstream` fixture)
 )
 
-from net_support import free_port
+from net_support import free_port, refused_port
 from stormguard import CircuitBreaker, Concurrency, RetryBudget, TokenBucket
 from stormguard.gateway._clients import ClientIdentity, client_id
 from stormguard.gateway._config import Upstream as UpstreamSettings
@@ -298,7 +298,7 @@ async def test_streams_and_unbudgeted_calls_are_not_retried(
 ) -> None:
     """A client stream of two messages, or a call the budget does not pay for, fails at once."""
     upstream = pool(
-        f"grpc://127.0.0.1:{free_port()}", retries={"attempts": 3}, timeout={"connect": 60}
+        f"grpc://127.0.0.1:{refused_port()}", retries={"attempts": 3}, timeout={"connect": 60}
     )
     upstream.budget = budget
     server = await gateway.start(upstream)
@@ -353,7 +353,7 @@ async def test_closed_mode_store_outage_is_unavailable_not_a_limit(
     gateway: Gateway, upstream: Upstream
 ) -> None:
     """With Redis down and on_store_error=closed, calls get UNAVAILABLE as store_unavailable."""
-    store = AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    store = AsyncRedisStore(f"redis://127.0.0.1:{refused_port()}/0")
     rule = Rule(TokenBucket(100, 100), key=by_client, name="per-client")
     rules = RuleSet([rule], store=store, on_store_error="closed")
     server = await gateway.start(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from limiting_support import LONG, drop_keys, redis_keys
 
+from net_support import refused_port
 from stormguard import AsyncRateLimiter, ConfigError, FixedWindow, RateLimiter
 from stormguard.stores import AsyncRedisStore, RedisStore, from_url
 
@@ -174,10 +174,7 @@ async def test_async_tick_batch_is_one_call_per_slot(
 
 def test_unreachable_cluster_follows_on_store_error() -> None:
     """A store made while the cluster is down raises nothing; hits follow on_store_error."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once closed
-    store = RedisStore(f"redis+cluster://127.0.0.1:{port}")
+    store = RedisStore(f"redis+cluster://127.0.0.1:{refused_port()}")
     limiter = RateLimiter(FixedWindow(5, LONG), store, on_store_error="closed")
     assert not limiter.hit("k").allowed
     assert limiter.stats.store_errors == 1

@@ -293,8 +293,10 @@ def test_rate_limit_answers_429_in_the_chosen_style(
 
 
 def test_global_rate_limit_is_shared(stormguard_mock: Factory) -> None:
-    """`per: global` counts every client against one limit."""
-    mock = stormguard_mock(one_route(rate_limit={"limit": 1, "window": 30, "per": "global"}))
+    """`per: global` counts every client against one limit (a token bucket: a fixed
+    window's edge could fall between the two requests)."""
+    limit = {"limit": 1, "window": 30, "per": "global", "algorithm": "token-bucket"}
+    mock = stormguard_mock(one_route(rate_limit=limit))
     first = httpx.get(mock.url + "/x", headers={"X-Client-Id": "a"})
     second = httpx.get(mock.url + "/x", headers={"X-Client-Id": "b"})
     assert (first.status_code, second.status_code) == (200, 429)
@@ -302,7 +304,8 @@ def test_global_rate_limit_is_shared(stormguard_mock: Factory) -> None:
 
 def test_rate_limit_headers_parse_with_stormguard(stormguard_mock: Factory) -> None:
     """The 429's headers give stormguard's own wait_hint a positive wait."""
-    mock = stormguard_mock(one_route(rate_limit={"limit": 1, "window": 5, "headers": "github"}))
+    limit = {"limit": 1, "window": 5, "headers": "github", "algorithm": "token-bucket"}
+    mock = stormguard_mock(one_route(rate_limit=limit))
     httpx.get(mock.url + "/x")
     refused = httpx.get(mock.url + "/x")
     hint = stormguard.wait_hint(refused.status_code, refused.headers, now=time.time())

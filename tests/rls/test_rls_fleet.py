@@ -105,7 +105,9 @@ def test_two_processes_admit_exactly_the_quota(pair: list[Service], key: str) ->
     statuses = [s.status()["domains"]["fleet"]["descriptors"][f"fleet.{key}"] for s in pair]
     assert sum(row["allowed"] for row in statuses) == QUOTA
     assert sum(row["refused"] for row in statuses) == THREADS * CALLS - QUOTA
-    assert all(row["allowed"] > 0 for row in statuses)  # both processes decided
+    # both processes decided (which one admitted the 20 depends on who came first:
+    # that they add up to the quota, not to twice it, is the sharing)
+    assert all(row["allowed"] + row["refused"] > 0 for row in statuses)
 
 
 def test_workers_share_the_quota_and_one_status(

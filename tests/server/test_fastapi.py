@@ -97,11 +97,11 @@ async def test_example_app_limits_and_replays() -> None:
 
 async def test_dependency_takes_the_middleware_store_options() -> None:
     """A dead store with on_store_error="closed": 503 + Retry-After, as the middleware does."""
-    from net_support import free_port
+    from net_support import refused_port
 
     app = FastAPI()
     install(app)
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = f"redis://127.0.0.1:{refused_port()}/0"
     closed = stormguard_limit("5/minute", store=dead, on_store_error="closed")
     quiet = stormguard_limit("5/minute", headers_on_allowed=False)
 

@@ -140,10 +140,10 @@ async def test_tenants_with_equal_keys_both_execute() -> None:
 
 async def test_store_down_fails_closed_with_503() -> None:
     """A dead store: 503 + Retry-After and the handler never runs."""
-    from net_support import free_port
+    from net_support import refused_port
 
     app = Counting()
-    store = f"redis://127.0.0.1:{free_port()}/0"
+    store = f"redis://127.0.0.1:{refused_port()}/0"
     async with client(IdempotencyMiddleware(app, store=store)) as c:
         response = await c.post("/pay", headers=key("k"))
         unkeyed = await c.post("/pay")

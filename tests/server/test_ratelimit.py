@@ -228,9 +228,9 @@ async def test_cost_is_charged_per_request() -> None:
 )
 async def test_store_outage_modes_never_500(mode: str, expected: list[int]) -> None:
     """A dead Redis: open admits, closed answers 503 + Retry-After, local limits in memory."""
-    from net_support import free_port
+    from net_support import refused_port
 
-    store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    store = f"redis://127.0.0.1:{refused_port()}/0"  # nothing listens there
     app = RateLimitMiddleware(
         Counting(), [Rule("2/minute", key="global")], store=store, on_store_error=mode
     )

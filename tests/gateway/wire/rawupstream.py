@@ -112,6 +112,7 @@ class RawUpstream:
         self._threads: list[threading.Thread] = []
         self._open: list[socket.socket] = []
         self._parked: list[tuple[socket.socket, Connection, bytes]] = []
+        self._later: list[tuple[threading.Timer, Connection]] = []
 
     def __enter__(self) -> RawUpstream:
         thread = threading.Thread(target=self._accept, daemon=True)
@@ -153,15 +154,38 @@ class RawUpstream:
         """Whether the gateway closes connection number ``connection`` within ``timeout``."""
         return self.connections[connection].closed.wait(timeout)
 
-    def release_parked(self, within: float = 0.5) -> int:
+    def release_parked(self, within: float = 15.0) -> list[bytes]:
         """Write every parked step's bytes now; wait (up to ``within`` seconds in all)
-        for the peers to close those connections. How many closed."""
+        for the peers to close those connections. The bytes of each connection the
+        peer kept open. (A peer that keeps such a connection makes the whole wait; one
+        that drops it ends it at once. On a loaded machine the bytes may reach the
+        peer's socket, and its loop, some time after the write returns: until then
+        they are not yet bytes that came while the connection was idle.)"""
         with self._lock:
             parked, self._parked = self._parked, []
         for sock, _, data in parked:
             _send_quietly(sock, data)
         deadline = time.monotonic() + within
-        return sum(conn.closed.wait(max(0.0, deadline - time.monotonic())) for _, conn, _ in parked)
+        return [
+            data
+            for _, conn, data in parked
+            if not conn.closed.wait(max(0.0, deadline - time.monotonic()))
+        ]
+
+    def settle(self, within: float = 15.0) -> int:
+        """Wait (up to ``within`` seconds in all) until every ``Later`` step so far has
+        been written and each connection that got one is closed, by the peer or by the
+        script. How many are still open. (A late answer the peer took for the next
+        request's leaves that connection one answer behind until bytes come while it
+        is idle, which every proxy drops: a test calls this so that one test's late
+        bytes, written late on a loaded machine, never land in the next test's
+        requests.)"""
+        with self._lock:
+            later, self._later = self._later, []
+        deadline = time.monotonic() + within
+        for timer, _ in later:
+            timer.join(max(0.0, deadline - time.monotonic()))
+        return sum(not conn.closed.wait(max(0.0, deadline - time.monotonic())) for _, conn in later)
 
     # -- the server ---------------------------------------------------------------------
 
@@ -241,6 +265,8 @@ class RawUpstream:
             elif isinstance(step, Later):
                 timer = threading.Timer(step.seconds, _send_quietly, (sock, step.data))
                 timer.daemon = True
+                with self._lock:
+                    self._later.append((timer, self.connections[request.connection]))
                 timer.start()
             elif isinstance(step, Park):
                 with self._lock:

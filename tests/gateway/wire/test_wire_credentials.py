@@ -14,7 +14,7 @@ import pytest
 import yaml
 from rawupstream import RawUpstream, Request, Step, exchange
 
-from net_support import free_port
+from net_support import refused_port
 from stormguard.gateway._urls import shown_url, split_userinfo
 
 PASSWORD = "s3cr%40t-pw"  # as written in the URL; "s3cr@t-pw" once decoded
@@ -34,7 +34,7 @@ def upstream(gateway_driver: str) -> Iterator[RawUpstream]:
 
 
 def _config(upstream: RawUpstream) -> dict[str, Any]:
-    dead = free_port()  # nothing listens there: the connect error path
+    dead = refused_port()  # nothing listens there: the connect error path
     return {
         "upstreams": {
             "u": {"url": f"http://alice:{PASSWORD}@127.0.0.1:{upstream.port}"},
