@@ -137,6 +137,55 @@ def test_a_future_that_fails_fails_the_request() -> None:
     assert seen == ["a"] and ex.answers == ["failed"]
 
 
+class CallbackProbe(Probe):
+    """A Probe that notes each done-callback the driver hands a future."""
+
+    def __init__(self, stages: tuple[Stage, ...]) -> None:
+        super().__init__(stages)
+        self.callbacks = 0
+
+    def on_result(self, future: Any) -> None:
+        self.callbacks += 1
+        super().on_result(future)
+
+
+def _resolved(value: Any) -> Pending[Any]:
+    pending: Pending[Any] = Pending()
+    pending.set_result(value)
+    return pending
+
+
+@pytest.mark.parametrize(
+    ("value", "seen_after", "answers"),
+    [
+        ("ok", ["a", "a resumed with ok", "b"], []),
+        ("refuse", ["a", "a resumed with refuse"], [REFUSED]),
+    ],
+)
+def test_a_pending_resolved_already_is_resumed_in_place(
+    value: str, seen_after: list[str], answers: list[Any]
+) -> None:
+    """A decision made in this process (approximate limits) comes back as a Pending
+    resolved already: the driver resumes the stage in the same loop, with no
+    done-callback, and acts on the outcome as on any other."""
+    seen: list[str] = []
+    ex = CallbackProbe((Recorder("a", seen, _resolved(value)), Recorder("b", seen)))
+    run(ex, 0)
+    assert seen == seen_after and ex.answers == answers
+    assert ex.callbacks == 0
+
+
+def test_a_pending_failed_already_fails_the_request() -> None:
+    """A Pending resolved with an error before the stage returned it: a 502, and the
+    stages after it never run."""
+    seen: list[str] = []
+    pending: Pending[str] = Pending()
+    pending.set_exception(RuntimeError("store gone"))
+    ex = CallbackProbe((Recorder("a", seen, pending), Recorder("b", seen)))
+    run(ex, 0)
+    assert seen == ["a"] and ex.answers == ["failed"] and ex.callbacks == 0
+
+
 def test_a_coroutine_runs_in_a_task_and_its_result_is_the_outcome() -> None:
     """A stage that must run a coroutine gets a task; the chain goes on after it."""
     seen: list[str] = []

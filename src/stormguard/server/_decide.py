@@ -239,10 +239,10 @@ class RuleSet:
             if self._memory or not self.asyncio:
                 return done(_quieted(self.decide(view, method, path), quiet))
             return _in_task(self._adecide(view, method, path), quiet)
-        keys = tuple(
-            key_of(view) if rule.matches(method, path) else None
-            for rule, key_of, _ in self._entries
-        )
+        found = []  # (a loop: a generator's frame is resumed once per rule)
+        for rule, key_of, _ in self._entries:
+            found.append(key_of(view) if rule.matches(method, path) else None)
+        keys = tuple(found)
         plan = self._plans.get(keys)
         if plan is None:
             plan = self._plan(keys)

@@ -8,9 +8,11 @@
 #   a coroutine, or NEEDS_CYCLE (the stage must read the request through the
 #   listener's ASGI cycle);
 # * a future is resumed by ``stage.resume(ex, result)`` from the future's own
-#   done-callback: no task. A coroutine runs in a task, and its return value is
-#   the stage's outcome. After either, the chain goes on from the next stage in
-#   the same callback or task;
+#   done-callback: no task (a store's Pending that is already resolved when the
+#   stage returns it is resumed in place: its callback would run at once). A
+#   coroutine runs in a task, and its return value is the stage's outcome.
+#   After either, the chain goes on from the next stage in the same callback or
+#   task;
 # * ``run`` (driver 1 or 2: the callback and resume drivers are the same loop,
 #   entered from the parser's callback or from a loop callback) never awaits;
 #   ``arun`` is the loop inside a task (the ASGI leg), which awaits a future or
@@ -26,6 +28,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, Final
 
 from ...server._refusal import Refusal
+from ...stores._pending import Pending
 
 __all__ = [
     "AUTO",
@@ -105,8 +108,17 @@ def run(ex: Any, i: int) -> None:
                 stages = ex.stages  # the route's, after the route stage
                 n = len(stages)
                 continue
-            out = stages[i].run(ex)
+            stage = stages[i]
+            out = stage.run(ex)
             if out is not None:
+                if out.__class__ is Pending and out.done():
+                    # Decided already (in this process: approximate limits, a store
+                    # that fell back): resumed here, as its done-callback would be
+                    # at once, without the callback's frames.
+                    out = stage.resume(ex, out.result())
+                    if out is None:
+                        i += 1
+                        continue
                 if out is not DONE:
                     after(ex, i, out)
                 return
