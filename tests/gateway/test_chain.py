@@ -186,6 +186,22 @@ def test_a_pending_failed_already_fails_the_request() -> None:
     assert seen == ["a"] and ex.answers == ["failed"] and ex.callbacks == 0
 
 
+def test_a_store_limits_stage_goes_on_at_once_when_the_store_has_nothing_to_say() -> None:
+    """Approximate limits admitted from this process's reservations (the rules'
+    NOTHING): the stage continues the chain (None), no Pending to resume; any other
+    answer is handed to the driver as it is."""
+    from stormguard.gateway.chain._stages import StoreLimitsStage
+    from stormguard.server._plan import NOTHING
+
+    later: Pending[Any] = Pending()
+    for answer, expected in ((NOTHING, None), (later, later)):
+        rules = type("Rules", (), {"submit": lambda self, *a, quiet, x=answer: x})()
+        ex = Probe(())
+        ex.route = type("Route", (), {"rules": rules})()  # type: ignore[assignment]
+        ex.view = object()
+        assert StoreLimitsStage().run(ex) is expected
+
+
 def test_a_coroutine_runs_in_a_task_and_its_result_is_the_outcome() -> None:
     """A stage that must run a coroutine gets a task; the chain goes on after it."""
     seen: list[str] = []

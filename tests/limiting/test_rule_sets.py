@@ -192,6 +192,31 @@ async def test_approximate_rule_decides_locally_from_reservations(
 
 
 @pytest.mark.redis
+async def test_a_quiet_approximate_admission_is_the_shared_answer(
+    owned_redis: Any, key_prefix: str
+) -> None:
+    """Every limit approximate, its reservation in hand: a quiet submit that admits
+    answers the one resolved Pending that says nothing (NOTHING: no Pending, no
+    answer built per request); the refusal past the limit is still a Decision."""
+    from stormguard.server._plan import NOTHING
+    from stormguard.stores import AsyncRedisStore
+
+    async with AsyncRedisStore(owned_redis.url, prefix=key_prefix, socket_timeout=5) as store:
+        rules = RuleSet(
+            [Rule(FixedWindow(20, LONG), key="global", name="g", sync=5.0)], store=store
+        )
+        shared = 0
+        answers = []
+        for _ in range(30):
+            pending = rules.submit(View("a"), "GET", "/", quiet=True)
+            shared += pending is NOTHING
+            answers.append(await pending)
+        assert answers[:20] == [None] * 20  # admitted, quietly
+        assert all(a is not None and not a.allowed for a in answers[20:])
+        assert shared >= 10  # at once from the reservation, most of the time
+
+
+@pytest.mark.redis
 async def test_unused_reservations_are_given_back_after_the_sync_interval(
     owned_redis: Any, key_prefix: str
 ) -> None:

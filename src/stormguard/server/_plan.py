@@ -260,6 +260,8 @@ class Plan:
             self._put_back(taken)
             return _then(got, partial(self._reserved, limiter, quiet, on_shadow))
         local = [] if quiet else [table.decision(e[0].name, e[1]) for e in taken if not e[3]]
+        if not self.groups and not local and not shadow:
+            return NOTHING  # every limit is approximate and admitted: nothing to say
         return self._exact(quiet, on_shadow, taken, local, shadow)
 
     def _reserved(

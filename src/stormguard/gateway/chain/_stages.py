@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._errors import CircuitOpen
+from ...server._plan import NOTHING
 from ...server._refusal import Refusal, unavailable
 from ...server._view import ScopeView
 from .._clients import client_id
@@ -202,7 +203,9 @@ class StoreLimitsStage(LimitsStage):
         # chain goes on from the Pending's callback when the reply is in.
         scope = ex.scope
         view = ex.view or ScopeView(scope)
-        return ex.route.rules.submit(view, ex.method, scope["path"], quiet=True)
+        pending = ex.route.rules.submit(view, ex.method, scope["path"], quiet=True)
+        # admitted at once with nothing to say (approximate limits): go on
+        return None if pending is NOTHING else pending
 
 
 class LeasedLimitsStage(LimitsStage):
