@@ -197,9 +197,40 @@ def test_a_store_limits_stage_goes_on_at_once_when_the_store_has_nothing_to_say(
     for answer, expected in ((NOTHING, None), (later, later)):
         rules = type("Rules", (), {"submit": lambda self, *a, quiet, x=answer: x})()
         ex = Probe(())
+        ex.proto = None  # (no connection: each request submitted whole)
         ex.route = type("Route", (), {"rules": rules})()  # type: ignore[assignment]
         ex.view = object()
         assert StoreLimitsStage().run(ex) is expected
+
+
+def test_a_steady_client_submits_through_its_kept_submitter() -> None:
+    """The store-limits stage of a connection's one client: the rules' submitter is
+    asked for once and kept on the connection; its next requests call it, with no
+    view or key made again; a new client (limits_known reset) asks afresh."""
+    from stormguard.gateway.chain._stages import StoreLimitsStage
+
+    calls: list[str] = []
+
+    class Rules:
+        def submitter(self, view: Any) -> Any:
+            calls.append("submitter")
+            return lambda: calls.append("kept") or None
+
+        def submit(self, *args: Any, quiet: bool) -> Any:  # pragma: no cover - not asked
+            calls.append("submit")
+
+    rules = Rules()
+    proto = type("Proto", (), {"limits_known": None, "loop": None})()
+    identity = type("Identity", (), {"per_connection": True})()
+    stage = StoreLimitsStage()
+    for steady in (False, True, True):
+        ex = Probe(())
+        ex.proto = proto
+        ex.steady = steady
+        ex.route = type("Route", (), {"rules": rules})()  # type: ignore[assignment]
+        ex.rt = type("Rt", (), {"identity": identity})()  # type: ignore[assignment]
+        assert stage.run(ex) is None
+    assert calls == ["submitter", "kept", "kept", "kept"]
 
 
 def test_a_coroutine_runs_in_a_task_and_its_result_is_the_outcome() -> None:

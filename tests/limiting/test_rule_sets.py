@@ -88,6 +88,49 @@ async def test_quiet_submit_answers_none_unless_refused(store_of: Callable[[], A
     assert answers[3] is not None and not answers[3].allowed and answers[3].name == "pc"
 
 
+async def test_a_kept_submitter_answers_as_submit_does(store_of: Callable[[], Any]) -> None:
+    """RuleSet.submitter: one client's quiet submits as a callable answer what
+    submit(quiet=True) answers, request for request, on a store of its own each;
+    a MemoryStore takes no submits, so it has none."""
+    store = store_of()
+    kept = RuleSet(_rules(), store=store).submitter(View("a"))
+    if isinstance(store, MemoryStore):
+        assert kept is None
+        return
+    assert kept is not None
+    fresh = RuleSet(_rules(), store=store_of())
+    by_kept = [await kept() for _ in range(5)]
+    by_submit = [await fresh.submit(View("a"), "GET", "/", quiet=True) for _ in range(5)]
+    assert [a is None for a in by_kept] == [a is None for a in by_submit]
+    assert by_kept[:3] == [None, None, None]
+    assert all(a is not None and not a.allowed and a.name == "pc" for a in by_kept[3:])
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    "rules",
+    [
+        [Rule(FixedWindow(3, LONG), key="global", name="g", methods=["POST"])],
+        [Rule(FixedWindow(3, LONG), key="global", name="g", paths=["/api"])],
+        [
+            Rule(FixedWindow(3, LONG), key="global", name="g"),
+            Rule(FixedWindow(1, LONG), key="global", name="s", shadow=True),
+        ],
+    ],
+    ids=["by-method", "by-path", "shadow-reported"],
+)
+async def test_no_submitter_when_the_answer_reads_more_than_the_keys(
+    rules: list[Rule], redis_url: str, key_prefix: str
+) -> None:
+    """A rule filtering by method or path, or a shadow rule whose refusal goes to
+    on_shadow with the request: each request must be submitted whole."""
+    from stormguard.stores import AsyncRedisStore
+
+    async with AsyncRedisStore(redis_url, prefix=key_prefix, socket_timeout=5) as store:
+        ruleset = RuleSet(rules, store=store, on_shadow=lambda view, refused: None)
+        assert ruleset.submitter(View("a")) is None
+
+
 async def test_submit_resolves_from_a_callback_without_a_task(store_of: Callable[[], Any]) -> None:
     """A done-callback gets the decision; no task is made for the request."""
     rules = RuleSet(_rules(), store=store_of())

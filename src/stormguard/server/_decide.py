@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from .. import AsyncRateLimiter, RateLimiter
@@ -98,6 +99,11 @@ def close_on_shutdown(send: Any, store: Any) -> Any:
     return sending
 
 
+def _nothing() -> Pending[Decision | None]:
+    # RuleSet.submitter's answer for a client no rule has a key for
+    return NOTHING
+
+
 class RuleSet:
     """Rules plus their limiters on one store; decides a request in one store call.
 
@@ -109,6 +115,7 @@ class RuleSet:
     """
 
     __slots__ = (
+        "_by_keys",
         "_entries",
         "_memory",
         "_plain",
@@ -184,6 +191,11 @@ class RuleSet:
             else None
         )
         self._plans: dict[tuple[str | None, ...], Plan] = {}
+        # A request's keys decide its answer alone: no rule filters by method or path,
+        # and no shadow rule's refusal is reported with the request (on_shadow).
+        self._by_keys = all(rule.methods is None and rule.paths is None for rule in rules) and (
+            on_shadow is None or not any(spec[3] for spec in self._specs)
+        )
         # Several rules for every request (no method or path filter, one cost, no
         # shadow rule) on a MemoryStore: decided straight through the store's
         # hit_many (see decide).
@@ -251,6 +263,24 @@ class RuleSet:
         hook = self.on_shadow
         on_shadow = None if hook is None else (lambda refused: hook(view, refused))
         return plan.submit(quiet, on_shadow)
+
+    def submitter(self, view: RequestView) -> Callable[[], Pending[Decision | None]] | None:
+        """:meth:`submit` with ``quiet=True`` for ``view``'s keys, as a callable, for a
+        caller that submits for the same client again and again (a connection's one
+        client): no key is computed and no plan looked up again. None when the
+        answer could depend on more than the keys (a rule filters by method or
+        path, or a shadow rule's refusal goes to ``on_shadow`` with the request) or
+        the store takes no submits: call :meth:`submit` each time."""
+        if not self._submits or not self._by_keys:
+            return None
+        found = []
+        for _, key_of, _ in self._entries:
+            found.append(key_of(view))
+        keys = tuple(found)
+        plan = self._plans.get(keys) or self._plan(keys)
+        if plan is None:
+            return _nothing
+        return partial(plan.submit, True, None)
 
     def _plan(self, keys: tuple[str | None, ...]) -> Plan | None:
         entries: list[Entry] = [

@@ -201,9 +201,24 @@ class StoreLimitsStage(LimitsStage):
     def run(self, ex: Any) -> Any:
         # fleet (issue 25): the limits join the store's next batch now; the
         # chain goes on from the Pending's callback when the reply is in.
-        scope = ex.scope
-        view = ex.view or ScopeView(scope)
-        pending = ex.route.rules.submit(view, ex.method, scope["path"], quiet=True)
+        rules = ex.route.rules
+        # A connection's one client submits the same keys on every request: its
+        # submitter is kept, as LimitsStage keeps its hitter (RuleSet.submitter).
+        proto = ex.proto
+        cached = proto.limits_known if proto is not None else None
+        if ex.steady and cached is not None and cached[0] is rules:
+            pending = cached[1]()
+        else:
+            scope = ex.scope
+            view = ex.view = ex.view or ScopeView(scope)
+            kept = None
+            if proto is not None and (ex.steady or ex.rt.identity.per_connection):
+                kept = rules.submitter(view)
+            if kept is not None:
+                proto.limits_known = (rules, kept)
+                pending = kept()
+            else:
+                pending = rules.submit(view, ex.method, scope["path"], quiet=True)
         # admitted at once with nothing to say (approximate limits): go on
         return None if pending is NOTHING else pending
 
