@@ -133,7 +133,12 @@ class LeaseTable:
         if lease.refused_until > now and lease.refusal is not None:
             return _later(lease.refusal, lease.refused_until - now)
         if lease.units >= cost:
-            self._spend(lease, cost, now)
+            lease.units -= cost
+            chunks = lease.chunks
+            if chunks and chunks[0][0] > cost + 1e-9:
+                chunks[0][0] -= cost  # the oldest chunk holds it (the usual case)
+            else:
+                self._spend(lease, cost)
             if lease.units < lease.size / 2 and lease.refill is None and reserve:
                 self._grow(lease, cost)
                 self._reserve(lease, 0.0, lease.size)  # the next one, in the background
@@ -179,8 +184,8 @@ class LeaseTable:
         cap = max(cost, lease.algorithm.limit / (4 * self.instances))
         lease.size = min(cap, max(cost, 2 * lease.size if lease.size else cost))
 
-    def _spend(self, lease: _Lease, cost: float, now: float) -> None:
-        lease.units -= cost
+    def _spend(self, lease: _Lease, cost: float) -> None:
+        # `cost` (already taken off lease.units) out of the oldest chunks first
         chunks = lease.chunks
         while cost > 0 and chunks:
             chunk = chunks[0]
