@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._h1client import H1Pool
@@ -63,6 +65,40 @@ def test_naming_from_the_token_is_naming_from_the_whole_scope(headers: Headers) 
     view = identity.view(scope, identity.token(headers))
     assert identity.identify(view) == identity.identify(ScopeView(scope))
     assert view.header("host") == "h"  # other headers still read from the scope
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        ["header:X-API-Key", "header:X-Team", "ip"],
+        ["header:X-API-Key"],
+        ["ip", "header:X-API-Key"],  # the address first: never read off the token
+        ["Header: X-Team ", "header:X-API-Key"],
+    ],
+)
+@given(
+    headers=st.lists(
+        st.tuples(
+            st.sampled_from([b"host", b"x-api-key", b"X-API-Key", b"x-team", b"accept"]),
+            st.binary(max_size=4),
+        ),
+        max_size=6,
+    )
+)
+def test_naming_off_the_token_alone_is_naming_from_the_whole_scope(
+    rules: list[str], headers: Headers
+) -> None:
+    """ClientIdentity.from_token: where it names the client, it names it as the
+    rules do from a ScopeView of the whole request; it defers (None) only where the
+    address would be asked first."""
+    identity = ClientIdentity(rules, [])
+    scope = _scope(headers)
+    found = identity.from_token(identity.token(headers))
+    expected = identity.identify(ScopeView(scope))
+    if found is None:
+        assert expected[0] == "ip"
+    else:
+        assert found == expected
 
 
 def _scope(headers: Headers) -> dict[str, Any]:

@@ -25,7 +25,7 @@ def client_id(key: str) -> str:
 class ClientIdentity:
     """Names the client of a request: ``(rule, key)`` from the first rule present."""
 
-    __slots__ = ("_address", "_keys", "header_names", "per_connection")
+    __slots__ = ("_address", "_by_token", "_keys", "header_names", "per_connection")
 
     def __init__(self, rules: Sequence[str], trusted_proxies: Sequence[str]) -> None:
         self._address = ClientAddress.of(trusted_proxies)
@@ -45,6 +45,12 @@ class ClientIdentity:
         only_headers = all(rule == "ip" or rule.lower().startswith("header:") for rule in rules)
         if not self.per_connection and not self._address.trusted_proxies and only_headers:
             self.header_names = frozenset(name.encode("latin-1") for name in names)
+        # Per rule, in order: the header it reads (None for `ip`) and its keys' prefix,
+        # as compile_key's `header:NAME` reads and names them (see from_token).
+        self._by_token: tuple[tuple[str, bytes | None, str], ...] = tuple(
+            (rule, None, "") if rule == "ip" else (rule, name.encode("latin-1"), f"h:{name}:")
+            for rule, name in zip(rules, [r.partition(":")[2].strip().lower() for r in rules])
+        )
 
     def token(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
         """The headers the key of a request on one connection follows from (only with
@@ -56,6 +62,22 @@ class ClientIdentity:
             if pair[0].lower() in names:
                 token.append(pair)
         return tuple(token)
+
+    def from_token(self, token: tuple[tuple[bytes, bytes], ...]) -> tuple[str, str] | None:
+        """:meth:`identify`'s ``(rule, key)`` read off a :meth:`token` alone (no view, no
+        key function) when a header rule names the client before any `ip` rule;
+        None when `ip` would be asked first: call :meth:`identify` then."""
+        for rule, wanted, prefix in self._by_token:
+            if wanted is None:
+                return None  # the address: the general path resolves it
+            found = None  # the values comma-joined, as _NamingView.header joins them
+            for name, value in token:
+                if name.lower() == wanted:
+                    text = value.decode("latin-1")
+                    found = text if found is None else f"{found}, {text}"
+            if found:
+                return rule, prefix + found
+        return None
 
     def view(self, scope: Any, token: tuple[tuple[bytes, bytes], ...] | None) -> ScopeView:
         """The request of ``scope`` as the rules read it; with the ``token`` of
