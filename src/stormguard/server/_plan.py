@@ -20,6 +20,7 @@
 # on_store_error otherwise, or when the batch fails.
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -34,6 +35,7 @@ from ..stores._pending import Pending, done
 __all__ = ["Entry", "Plan", "Shadowed", "shadow_refusals"]
 
 NOTHING: Pending[Any] = done(None)
+_DEGRADED = operator.attrgetter("degraded")  # (no generator frame per request)
 
 
 class Shadowed(Decision):
@@ -152,7 +154,7 @@ class Plan:
             leases = [[e[0]._request(e[1], e[2]).lease for e in g] for g in self.groups]
             item = self._encode(False, leases)
         healths = self.healths
-        if not all(not h.degraded for h in healths) and not all(h.usable() for h in healths):
+        if any(map(_DEGRADED, healths)) and not all(h.usable() for h in healths):
             self._put_back(taken)
             for health in healths:
                 health.fell_back()

@@ -135,7 +135,7 @@ def after(ex: Any, i: int, out: Any) -> None:
         return
     elif out is NEEDS_CYCLE:
         ex.to_cycle(i)
-    elif isinstance(out, Coroutine):
+    elif out.__class__ is not Pending and isinstance(out, Coroutine):  # (an ABC: slow)
         ex.waiting = ex.proto.loop.create_task(_awaited(ex, i, out))
     else:
         ex.at = i
