@@ -40,17 +40,16 @@ class ClientIdentity:
         # Otherwise, with no proxy trusted and only `header:NAME` and `ip` rules, the
         # key on one connection follows from those headers alone (`token`): a
         # connection whose requests send the same ones names the same client.
-        names = [rule.partition(":")[2].strip().lower() for rule in rules if rule != "ip"]
-        self.header_names: frozenset[bytes] | None = None
-        only_headers = all(rule == "ip" or rule.lower().startswith("header:") for rule in rules)
-        if not self.per_connection and not self._address.trusted_proxies and only_headers:
-            self.header_names = frozenset(name.encode("latin-1") for name in names)
         # Per rule, in order: the header it reads (None for `ip`) and its keys' prefix,
         # as compile_key's `header:NAME` reads and names them (see from_token).
         self._by_token: tuple[tuple[str, bytes | None, str], ...] = tuple(
             (rule, None, "") if rule == "ip" else (rule, name.encode("latin-1"), f"h:{name}:")
-            for rule, name in zip(rules, [r.partition(":")[2].strip().lower() for r in rules])
+            for rule, name in ((r, r.partition(":")[2].strip().lower()) for r in rules)
         )
+        self.header_names: frozenset[bytes] | None = None
+        only_headers = all(rule == "ip" or rule.lower().startswith("header:") for rule in rules)
+        if not self.per_connection and not self._address.trusted_proxies and only_headers:
+            self.header_names = frozenset(h for _, h, _ in self._by_token if h is not None)
 
     def token(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
         """The headers the key of a request on one connection follows from (only with
@@ -70,11 +69,7 @@ class ClientIdentity:
         for rule, wanted, prefix in self._by_token:
             if wanted is None:
                 return None  # the address: the general path resolves it
-            found = None  # the values comma-joined, as _NamingView.header joins them
-            for name, value in token:
-                if name.lower() == wanted:
-                    text = value.decode("latin-1")
-                    found = text if found is None else f"{found}, {text}"
+            found = _joined(token, wanted)
             if found:
                 return rule, prefix + found
         return None
@@ -126,9 +121,15 @@ class _NamingView(ScopeView):
         wanted = name.encode("latin-1")
         if wanted not in self._names:
             return super().header(name)
-        found = None  # the values comma-joined, as ScopeView joins repeated headers
-        for key, value in self._token:
-            if key.lower() == wanted:
-                text = value.decode("latin-1")
-                found = text if found is None else f"{found}, {text}"
-        return found
+        return _joined(self._token, wanted)
+
+
+def _joined(token: tuple[tuple[bytes, bytes], ...], wanted: bytes) -> str | None:
+    # Every value of header `wanted` in the token, comma-joined as ScopeView joins
+    # repeated headers (None: not there).
+    found = None
+    for key, value in token:
+        if key.lower() == wanted:
+            text = value.decode("latin-1")
+            found = text if found is None else f"{found}, {text}"
+    return found
