@@ -221,6 +221,35 @@ async def test_head_answer_has_no_body_and_the_connection_is_kept() -> None:
         await client.close()
 
 
+async def test_alike_answers_are_framed_by_their_own_status_and_method() -> None:
+    """An answer with the same fields as the last one on the connection is still
+    framed by its own status and request method (the framing kept per connection):
+    GET, HEAD, GET, then 204 and 200 with the same Content-Length, on one connection."""
+    statuses = iter([b"200 OK", b"200 OK", b"200 OK", b"204 No Content", b"200 OK"])
+
+    def answer(head: bytes, transport: asyncio.Transport) -> None:
+        status = next(statuses)
+        bodiless = head.startswith(b"HEAD ") or status.startswith(b"204")
+        payload = b"" if bodiless else b"five!"
+        transport.write(b"HTTP/1.1 %s\r\ncontent-length: 5\r\n\r\n%s" % (status, payload))
+
+    async with Upstream(answer) as up:
+        client = pool()
+        seen = []
+        for method in ("GET", "HEAD", "GET", "GET", "GET"):
+            response = await client.request(up.base, method, b"/", [])
+            seen.append((response.status, response.content_length, await response.read()))
+        assert seen == [
+            (200, 5, b"five!"),
+            (200, 0, b""),
+            (200, 5, b"five!"),
+            (204, 0, b""),
+            (200, 5, b"five!"),
+        ]
+        assert up.connections == 1
+        await client.close()
+
+
 async def test_pool_limit_makes_requests_wait_for_a_connection() -> None:
     """With limit=1 two concurrent requests share one connection, one after the other."""
     async with Upstream(ok()) as up:

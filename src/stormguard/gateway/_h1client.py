@@ -32,7 +32,7 @@ import select
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -280,6 +280,7 @@ class _Connection(asyncio.Protocol):
         self.deadline = 0.0  # loop time the whole exchange must end by (0: none)
         self.fd = -1  # the socket's descriptor (the idle check)
         self.poller: select.poll | None = None  # its poll(2) set, made once (quiet)
+        self.framing: Any = None  # the last answer's framing (on_headers_complete)
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -395,23 +396,34 @@ class _Connection(asyncio.Protocol):
         http11 = self.http11
         if http11 is None:
             http11 = self.http11 = parser.get_http_version() == "1.1"
-        length = None
-        chunked = False
-        for name, value in response.raw_headers:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                length = int(value) if value.isdigit() else None
-            elif lowered == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-        bodiless = self.head_request or status in _NO_BODY_STATUS
-        if bodiless:
-            length = 0
-            response.keep_alive = http11 and not any(
-                name.lower() == b"connection" and b"close" in _tokens(value)
-                for name, value in response.raw_headers
-            )
+        # The framing is a function of the status, the request's method and the
+        # fields alone: an upstream answering alike again (its Date changes once a
+        # second) is framed as its last answer was (one kept per connection).
+        raw = response.raw_headers
+        head = self.head_request
+        memo = self.framing  # (status, HEAD?, fields, length, chunked, bodiless, keep-alive)
+        if memo is not None and memo[0] == status and memo[1] is head and memo[2] == raw:
+            _, _, _, length, chunked, bodiless, keep_alive = memo
         else:
-            response.keep_alive = http11 and parser.should_keep_alive()
+            length = None
+            chunked = False
+            for name, value in raw:
+                lowered = name.lower()
+                if lowered == b"content-length":
+                    length = int(value) if value.isdigit() else None
+                elif lowered == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+            bodiless = head or status in _NO_BODY_STATUS
+            if bodiless:
+                length = 0
+                keep_alive = http11 and not any(
+                    name.lower() == b"connection" and b"close" in _tokens(value)
+                    for name, value in raw
+                )
+            else:
+                keep_alive = http11 and parser.should_keep_alive()
+            self.framing = (status, head, raw, length, chunked, bodiless, keep_alive)
+        response.keep_alive = keep_alive
         if chunked:  # a trailer's fields go to a list of their own, dropped
             self.headers = []
         response.content_length = None if chunked and not bodiless else length
