@@ -70,6 +70,46 @@ async def test_the_asgi_path_answers_with_its_framing(server: HTTPServer) -> Non
     assert b"connection: close\r\n" in data
 
 
+async def _version_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    reply = scope["http_version"].encode()
+    headers = [(b"content-length", b"%d" % len(reply))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": reply})
+
+
+@pytest.mark.parametrize(
+    ("version", "connection", "kept"),
+    [
+        (b"1.1", b"", True),
+        (b"1.1", b"Connection: keep-alive\r\n", True),
+        (b"1.1", b"Connection: close\r\n", False),
+        (b"1.0", b"", False),
+        (b"1.0", b"Connection: keep-alive\r\n", False),
+        (b"2.0", b"Connection: keep-alive\r\n", True),
+        (b"0.9", b"Connection: keep-alive\r\n", True),
+    ],
+)
+async def test_the_request_version_reaches_the_scope(
+    version: bytes, connection: bytes, kept: bool
+) -> None:
+    """The scope's http_version is the request line's (known without asking llhttp for
+    HTTP/1.1 without a Connection header); HTTP/1.0 is never kept alive."""
+    running = await start_server(_version_app, header_timeout=5.0)
+    try:
+        port = running.server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/%s\r\nHost: x\r\n%s\r\n" % (version, connection))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        body = await asyncio.wait_for(reader.readexactly(len(version)), 5)
+        rest = await asyncio.wait_for(reader.read(), 0.5) if not kept else None
+        writer.close()
+        assert body == version
+        assert (b"connection: close" not in head.lower()) is kept
+        assert rest in (None, b"")
+    finally:
+        await running.drain(1.0)
+
+
 @pytest.mark.parametrize(("status", "line"), [(299, b"299 Successful"), (999, b"999 Unknown")])
 async def test_the_asgi_path_sends_any_status(server: HTTPServer, status: int, line: bytes) -> None:
     """Statuses 100-999 go out on the ASGI path with a generic reason when unknown."""

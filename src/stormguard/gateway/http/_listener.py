@@ -53,7 +53,7 @@ _TARGETS: dict[bytes, tuple[str, bytes, bytes] | None] = {}
 _MAX_TARGETS = 1024
 # Host header -> whether it is a valid host (host_of): bounded like _TARGETS.
 _HOSTS: dict[bytes, bool] = {}
-_NOTED = frozenset({b"host", b"expect", b"upgrade"})  # header names the listener reads
+_NOTED = frozenset({b"host", b"expect", b"upgrade", b"connection"})  # names the listener reads
 _HIGH_WATER = 65536  # request body bytes held before reading pauses
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
@@ -178,6 +178,7 @@ class Listener(asyncio.Protocol):
         self.hosts = 0  # how many Host headers it sent
         self.expect_100_continue = False
         self.upgrade: bytes | None = None
+        self.connection = False  # the head has a Connection header
         self.websocket: dict[str, Any] | None = None  # the scope of an upgrade to hand off
         self.in_head = True  # the parser is inside a request head
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
@@ -346,6 +347,7 @@ class Listener(asyncio.Protocol):
         self.bytes_left = self.max_head
         self.expect_100_continue = False
         self.upgrade = None
+        self.connection = False
         self.headers = []
 
     def on_url(self, url: bytes) -> None:
@@ -368,6 +370,8 @@ class Listener(asyncio.Protocol):
             elif name == b"expect":
                 if value.lower() == b"100-continue":
                     self.expect_100_continue = True
+            elif name == b"connection":
+                self.connection = True
             else:
                 self.upgrade = value.lower()
         headers.append((name, value))
@@ -380,7 +384,11 @@ class Listener(asyncio.Protocol):
         parser = self.parser
         method_raw = parser.get_method()
         method = _METHODS.get(method_raw) or method_raw.decode("ascii")
-        version = parser.get_http_version()
+        # Of the versions llhttp accepts (0.9, 1.0, 1.1, 2.0), only 1.1 keeps the
+        # connection alive without a Connection header: the version of such a
+        # request is known without asking (get_http_version formats a string).
+        alive = parser.should_keep_alive()
+        version = "1.1" if alive and not self.connection else parser.get_http_version()
         if method == "CONNECT":
             raise _Refused(405)
         url = self.url
@@ -432,7 +440,7 @@ class Listener(asyncio.Protocol):
             allows = getattr(app, "allows_trace", None)
             if allows is None or not allows(path, _hostname(host)):
                 raise _Refused(405)
-        keep_alive = version != "1.0" and parser.should_keep_alive()
+        keep_alive = alive and version != "1.0"
         if (
             self.upgrade == b"websocket"
             and method == "GET"
