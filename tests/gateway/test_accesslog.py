@@ -23,8 +23,8 @@ Factory = Callable[..., Any]
 
 def _old(line: Line) -> str:
     """What the gateway wrote before batching: one json.dumps of a dict, the client
-    key named by its SHA-256 prefix."""
-    method, path, route, status, policy, key, rule, upstream, ms, shadow = line
+    key named by its SHA-256 prefix, the time in milliseconds."""
+    method, route, status, policy, rule, upstream, shadow, path, key, us = line
     client = hashlib.sha256(key.encode()).hexdigest()[:8] if key else ""
     fields: dict[str, Any] = {
         "method": method,
@@ -35,7 +35,7 @@ def _old(line: Line) -> str:
         "client": client,
         "client_rule": rule,
         "upstream": upstream,
-        "ms": ms,
+        "ms": us / 1000,
     }
     if shadow is not None:
         fields["shadow"] = list(shadow)
@@ -43,13 +43,23 @@ def _old(line: Line) -> str:
 
 
 LINES: list[Line] = [
-    ("GET", "/echo", "/", 200, "allowed", "h:x-api-key:k", "header:X-API-Key", "a", 0.123, None),
-    ("POST", "/x", "-", 404, "not_found", None, "", "", 12.0, None),
-    ("GET", '/q"\\\n\t', "/", 429, "limited:per_client", "", "ip", "a", 1e-05, None),
-    ("GET", "/caf\u00e9/\u2603/\U0001f600", "/", 502, "gateway_error", "", "", "b", 1234.5, None),
-    ("GET", "/s", "/", 200, "allowed", "ff", "ip", "a", 3.25, ("shadow:trial", "shadow:x")),
-    ("GET", "/s", "/", 200, "allowed", "ff", "ip", "a", 0.0, ()),
+    ("GET", "/", 200, "allowed", "header:X-API-Key", "a", None, "/echo", "h:x-api-key:k", 123),
+    ("POST", "-", 404, "not_found", "", "", None, "/x", None, 12000),
+    ("GET", "/", 429, "limited:per_client", "ip", "a", None, '/q"\\\n\t', "", 1),
+    ("GET", "/", 502, "gateway_error", "", "b", None, "/caf\u00e9/\u2603/\U0001f600", "", 1234500),
+    ("GET", "/", 200, "allowed", "ip", "a", ("shadow:trial", "shadow:x"), "/s", "ff", 3250),
+    ("GET", "/", 200, "allowed", "ip", "a", (), "/s", "ff", 0),
+    ("GET", "/", 200, "allowed", "ip", "a", None, "/s", "ff", 86_400_000_007),
 ]
+
+
+def test_every_time_is_rendered_as_json_dumps_renders_it() -> None:
+    """Each fraction of a millisecond (0-999 microseconds, and whole seconds beyond)
+    reads as json.dumps writes us / 1000."""
+    for us in [*range(3000), 999_999, 1_000_000, 123_456_789]:
+        line: Line = ("GET", "/", 200, "allowed", "ip", "a", None, "/", None, us)
+        assert json.loads(render(line))["ms"] == us / 1000
+        assert render(line) == _old(line)
 
 
 @pytest.mark.parametrize("line", LINES)
@@ -91,7 +101,7 @@ def _default_logger() -> tuple[logging.Logger, _Stream]:
 
 
 def _lines(n: int) -> list[Line]:
-    return [("GET", f"/{i}", "/", 200, "allowed", "", "ip", "a", float(i), None) for i in range(n)]
+    return [("GET", "/", 200, "allowed", "ip", "a", None, f"/{i}", "", i) for i in range(n)]
 
 
 def test_lines_of_several_passes_are_one_write_in_order() -> None:

@@ -31,6 +31,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from json import dumps
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
@@ -40,9 +41,11 @@ from ._clients import client_id
 
 __all__ = ["AccessLog", "Line", "mark_default_handlers", "render"]
 
-# (method, path, route, status, policy, client KEY, client_rule, upstream, ms, shadow):
-# the key is named (`client_id`, its SHA-256 prefix; "" for None) when rendered.
-Line = tuple[str, str, str, int, str, str | None, str, str, float, "tuple[str, ...] | None"]
+# (method, route, status, policy, client_rule, upstream, shadow, path, client KEY,
+# microseconds): the fields that take few values first, so that their rendered
+# text is found by one slice (`render`); the key is named (`client_id`, its SHA-256
+# prefix; "" for None) and the time written in milliseconds when rendered.
+Line = tuple[str, str, int, str, str, str, "tuple[str, ...] | None", str, str | None, int]
 
 # Handlers the gateway's own `run()` installed (logging.basicConfig): writing to their
 # stream directly is what logging would have done for an access line.
@@ -54,19 +57,48 @@ def mark_default_handlers(handlers: Iterable[logging.Handler]) -> None:
     _DEFAULT.update(handlers)
 
 
-def render(line: Line) -> str:
-    """The JSON text of one access line (what ``json.dumps(dict, separators=(",",
-    ":"))`` of its fields in order gives, the client key as its :func:`client_id`)."""
-    method, path, route, status, policy, key, rule, upstream, ms, shadow = line
-    client = client_id(key) if key else ""
-    text = (
-        f'{{"method":{_quote(method)},"path":{_quote(path)},"route":{_quote(route)},'
-        f'"status":{status},"policy":{_quote(policy)},"client":{_quote(client)},'
-        f'"client_rule":{_quote(rule)},"upstream":{_quote(upstream)},"ms":{ms!r}'
+# line[:7] -> the line's text around its path, client and time (see render); the
+# fields in it take few values (a route, a status, a policy...). Bounded: cleared
+# when full.
+_PARTS: dict[tuple[Any, ...], tuple[str, str, str, str]] = {}
+_MAX_PARTS = 4096
+# Microseconds 0-999 as the fraction of a millisecond that repr() of us / 1000 ends
+# with: ".0", ".001", ..., ".5", ..., ".999" (no trailing zero; no float formatted).
+_FRACTIONS = tuple("." + (f"{us:03d}".rstrip("0") or "0") for us in range(1000))
+
+
+def _parts(fields: tuple[Any, ...]) -> tuple[str, str, str, str]:
+    method, route, status, policy, rule, upstream, shadow = fields
+    parts = (
+        f'{{"method":{_quote(method)},"path":',
+        f',"route":{_quote(route)},"status":{status},"policy":{_quote(policy)},"client":',
+        f',"client_rule":{_quote(rule)},"upstream":{_quote(upstream)},"ms":',
+        "}" if shadow is None else f',"shadow":{dumps(list(shadow), separators=(",", ":"))}}}',
     )
-    if shadow is None:
-        return text + "}"
-    return f'{text},"shadow":{dumps(list(shadow), separators=(",", ":"))}}}'
+    if len(_PARTS) >= _MAX_PARTS:
+        _PARTS.clear()
+    _PARTS[fields] = parts
+    return parts
+
+
+@lru_cache(maxsize=4096)
+def _client(key: str | None) -> str:
+    # The client's name as a JSON string: its key's client_id ("" for none).
+    return _quote(client_id(key) if key else "")
+
+
+def render(line: Line) -> str:
+    """The JSON text of one access line: what ``json.dumps(dict, separators=(",",
+    ":"))`` gives of its fields in the order method, path, route, status, policy,
+    client (the key's :func:`client_id`), client_rule, upstream, ms (the microseconds
+    / 1000), then shadow when there is one."""
+    fields = line[:7]
+    parts = _PARTS.get(fields) or _parts(fields)
+    us = line[9]
+    return (
+        f"{parts[0]}{_quote(line[7])}{parts[1]}{_client(line[8])}{parts[2]}"
+        f"{us // 1000}{_FRACTIONS[us % 1000]}{parts[3]}"
+    )
 
 
 def _stream_handler(logger: logging.Logger) -> logging.StreamHandler[Any] | None:

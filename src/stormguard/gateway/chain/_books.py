@@ -29,15 +29,15 @@ def account(rt: Runtime, route: CompiledRoute | None, scope: Any, ex: Any, start
         rt.access.add(
             (
                 scope["method"],
-                scope["path"],
                 name,
                 ex.status,
                 ex.outcome,
-                key,  # hashed when the line is rendered (client_id)
                 ex.rule,
                 ex.upstream,
-                round((time.perf_counter() - started) * 1000, 3),
                 scope.get(SHADOW_KEY),  # fleet (issue 25): what shadow limits would refuse
+                scope["path"],
+                key,  # hashed when the line is rendered (client_id)
+                int((time.perf_counter() - started) * 1e6 + 0.5),  # microseconds
             )
         )
 
