@@ -366,12 +366,11 @@ class _Connection(asyncio.Protocol):
     # (`ended`), any callback of a further message, or any body byte, raises _Beyond,
     # which stops the parser; the connection is then closed, never reused.
 
-    def on_message_begin(self) -> None:
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # A further message's first callback is this one or on_headers_complete (no
+        # on_message_begin: a callback fewer per answer; its status line calls none).
         if self.ended:
             raise _Beyond
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # (a further message raised in on_message_begin: no check of `ended` here)
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:

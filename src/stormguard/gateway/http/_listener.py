@@ -269,6 +269,7 @@ class Listener(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         # The common case in a few steps: a read that holds a whole head, or body
         # bytes; anything else (a head that may pass the cap) takes _received.
+        self.begun = True  # (for the deadline: a request's bytes came)
         if self.in_head:
             if self.closing or len(data) > self.max_head - self.head_bytes:
                 self._received(data)
@@ -338,17 +339,10 @@ class Listener(asyncio.Protocol):
 
     # -- the parser's callbacks -------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self.begun = True
-        self.in_head = True
-        self.url = b""
-        self.host = None
-        self.hosts = 0
-        self.bytes_left = self.max_head
-        self.expect_100_continue = False
-        self.upgrade = None
-        self.connection = False
-        self.headers = []
+    # (no on_message_begin, a callback fewer per request: a head's fields start
+    # fresh from __init__ and from on_message_complete, which llhttp calls before
+    # anything else can follow a message, an upgrade included; `begun` is set by
+    # data_received, as the first byte of a request arrives)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -510,6 +504,15 @@ class Listener(asyncio.Protocol):
         self.completed += 1
         self.in_head = True
         self.head_bytes = 0
+        # the next head's fields, fresh
+        self.url = b""
+        self.host = None
+        self.hosts = 0
+        self.bytes_left = self.max_head
+        self.expect_100_continue = False
+        self.upgrade = None
+        self.connection = False
+        self.headers = []
         cycle = self.cycle
         if isinstance(cycle, Cycle) and not cycle.response_complete:
             cycle.more_body = False
