@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
 import sys
 import types
 from typing import Any, ClassVar
@@ -301,3 +302,56 @@ async def test_receive_after_the_whole_body_waits_for_the_disconnect(body: bytes
         del reader
     finally:
         await running.drain(1.0)
+
+
+
+def _head(pad: int) -> bytes:
+    # A GET whose target and header lines ("name: value" + CRLF each, as the cap
+    # counts them) take 38 + pad bytes, and 55 + pad on the wire.
+    return b"GET / HTTP/1.1\r\nhost: x\r\nx-pad: " + b"p" * pad + b"\r\nConnection: close\r\n\r\n"
+
+
+async def _send_in(raw: list[bytes]) -> list[bytes]:
+    # The status codes of the answers to `raw`, written piece by piece (the listener
+    # reads between the pieces), from a listener with a 200-byte head cap.
+    running = await start_server(_app, header_timeout=5.0, max_header_bytes=200)
+    try:
+        port = running.server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for piece in raw:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return re.findall(rb"HTTP/1\.1 (\d{3}) ", data)
+    finally:
+        await running.drain(1.0)
+
+
+def _pieces(raw: bytes, n: int) -> list[bytes]:
+    step = -(-len(raw) // n)
+    return [raw[at : at + step] for at in range(0, len(raw), step)]
+
+
+@pytest.mark.parametrize(("pad", "status"), [(145, b"200"), (146, b"431")])
+@pytest.mark.parametrize("pieces", [1, 7])
+async def test_a_head_is_held_to_the_byte_cap_on_the_wire(
+    pad: int, status: bytes, pieces: int
+) -> None:
+    """A head that starts a read is held to max_header_bytes as it arrives: 200 bytes
+    on the wire are served, 201 are 431, in one write or in seven."""
+    assert await _send_in(_pieces(_head(pad), pieces)) == [status]
+
+
+@pytest.mark.parametrize(("pad", "status"), [(162, b"200"), (163, b"431")])
+@pytest.mark.parametrize("pieces", [1, 5])
+async def test_a_pipelined_head_is_held_to_the_byte_cap_in_its_lines(
+    pad: int, status: bytes, pieces: int
+) -> None:
+    """A head begun in the read that ended the request before it is held to
+    max_header_bytes in its target and header lines, to the byte: 200 served, 201
+    refused (its first 50 bytes came with the first request)."""
+    head = _head(pad)
+    first = b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n" + head[:50]
+    assert await _send_in([first, *_pieces(head[50:], pieces)]) == [b"200", status]
