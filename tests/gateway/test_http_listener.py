@@ -304,7 +304,6 @@ async def test_receive_after_the_whole_body_waits_for_the_disconnect(body: bytes
         await running.drain(1.0)
 
 
-
 def _head(pad: int) -> bytes:
     # A GET whose target and header lines ("name: value" + CRLF each, as the cap
     # counts them) take 38 + pad bytes, and 55 + pad on the wire.
