@@ -48,10 +48,10 @@ class Gateway:
         self.runtime = Runtime(config, self.metrics, workers=workers, clock=clock)
         self.clock: Clock = self.runtime.clock
         # The chain's entry for the current runtime (chain.begin, or begin_resume,
-        # bound to it), ``fast(proto, scope, keep_alive)``: the listener calls it for
-        # each request it can hand over with its head (None: the listener runs the
-        # ASGI app for it). Replaced with the runtime.
-        self.fast: Callable[[Any, Any, bool], Any] = partial(self._entry, self.runtime)
+        # bound to it), ``fast(proto, scope, keep_alive, host)``: the listener calls it
+        # for each request it can hand over with its head (None: the listener runs
+        # the ASGI app for it). Replaced with the runtime.
+        self.fast: Callable[..., Any] = partial(self._entry, self.runtime)
         self.hub = WebSocketHub()
         self.ready = False
         self._refresher: asyncio.Task[None] | None = None

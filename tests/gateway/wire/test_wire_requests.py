@@ -118,6 +118,29 @@ def test_a_content_length_body_is_forwarded(gw: Front) -> None:
     assert (seen["method"], seen["size"]) == ("POST", 5)
 
 
+@pytest.mark.parametrize(
+    ("framing", "body", "size"),
+    [
+        (b"Content-Length: 5\r\n", b"hello", 5),
+        (b"Transfer-Encoding: chunked\r\n", b"3\r\nabc\r\n0\r\n\r\n", 3),
+        (b"Content-Length: 0\r\n", b"", 0),
+    ],
+)
+@pytest.mark.parametrize("method", [b"GET", b"DELETE"])
+def test_a_body_on_a_bodyless_method_is_forwarded(
+    gw: Front, method: bytes, framing: bytes, body: bytes, size: int
+) -> None:
+    """A GET or DELETE whose head announces a body is served with that body (the
+    listener hands only heads without one to the callback path), and the request
+    behind it on the connection is answered after it."""
+    with Connection(gw.port) as conn:
+        conn.send(b"%s /echo HTTP/1.1\r\nHost: x\r\n%s\r\n%s" % (method, framing, body))
+        conn.send(_get(b"/echo?after"))
+        seen = conn.answer().json()
+        assert (seen["method"], seen["size"]) == (method.decode(), size)
+        assert conn.answer().json()["path"] == "/echo?after"
+
+
 def test_a_chunked_body_is_forwarded(gw: Front) -> None:
     """A chunked request body is decoded and reaches the upstream whole."""
     raw = (

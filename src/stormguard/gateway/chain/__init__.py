@@ -92,31 +92,39 @@ def _bodyless_host(scope: dict[str, Any]) -> tuple[bool, bytes | None]:
     return True, host
 
 
-def begin(rt: Any, proto: Any, scope: dict[str, Any], keep_alive: bool) -> Any:
+# begin's `host` when its caller has not read the head (the listener has)
+_UNREAD: Any = object()
+
+
+def begin(rt: Any, proto: Any, scope: dict[str, Any], keep_alive: bool, host: Any = _UNREAD) -> Any:
     """Driver 1, from the listener's parser callback: the connection's cycle for
     the request (an :class:`Exchange`, or the ASGI cycle a stage handed it to);
-    None for a request with a body (the listener reads it through its cycle)."""
+    None for a request with a body (the listener reads it through its cycle).
+
+    The listener hands over only heads that announce no body, with the ``host``
+    they route by; any other caller leaves ``host`` out and the headers are read."""
     if scope["method"] not in BODYLESS:
         return None
-    host = None
-    for name, value in scope["headers"]:
-        if name == b"host":
-            host = value
-        elif (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
+    if host is _UNREAD:
+        bodyless, host = _bodyless_host(scope)
+        if not bodyless:
             return None
     ex = Exchange(proto, scope, keep_alive, rt, host, ENTRY)
     run(ex, 0)
     return ex.cycle or ex
 
 
-def begin_resume(rt: Any, proto: Any, scope: dict[str, Any], keep_alive: bool) -> Any:
+def begin_resume(
+    rt: Any, proto: Any, scope: dict[str, Any], keep_alive: bool, host: Any = _UNREAD
+) -> Any:
     """Driver 2 only: as :func:`begin`, but no stage runs in the parser callback
     (the first is scheduled with ``loop.call_soon``)."""
     if scope["method"] not in BODYLESS:
         return None
-    bodyless, host = _bodyless_host(scope)
-    if not bodyless:
-        return None
+    if host is _UNREAD:
+        bodyless, host = _bodyless_host(scope)
+        if not bodyless:
+            return None
     ex = Exchange(proto, scope, keep_alive, rt, host, ENTRY)
     proto.loop.call_soon(ex.run_from, 0)
     return ex

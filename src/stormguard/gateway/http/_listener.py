@@ -1,6 +1,9 @@
 # The gateway's HTTP/1.1 listener: an asyncio.Protocol over httptools' public
 # parser, serving an ASGI 3 app, with the app's callback path (``app.fast``) tried
-# first for each request.
+# first for each request whose head announces no body and expects no 100-continue:
+# ``app.fast(listener, scope, keep_alive, host)``, ``host`` the one it routes by
+# (the Host header, or an absolute-form target's authority; b"" for none), answers
+# with the request's cycle, or None for the ASGI app to serve it.
 #
 # What one connection does:
 # * the request head is capped BEFORE the parser holds it: bytes are counted as
@@ -53,7 +56,10 @@ _TARGETS: dict[bytes, tuple[str, bytes, bytes] | None] = {}
 _MAX_TARGETS = 1024
 # Host header -> whether it is a valid host (host_of): bounded like _TARGETS.
 _HOSTS: dict[bytes, bool] = {}
-_NOTED = frozenset({b"host", b"expect", b"upgrade", b"connection"})  # names the listener reads
+# header names the listener reads
+_NOTED = frozenset(
+    {b"host", b"expect", b"upgrade", b"connection", b"content-length", b"transfer-encoding"}
+)
 _HIGH_WATER = 65536  # request body bytes held before reading pauses
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
@@ -179,6 +185,7 @@ class Listener(asyncio.Protocol):
         self.expect_100_continue = False
         self.upgrade: bytes | None = None
         self.connection = False  # the head has a Connection header
+        self.framed = False  # the head announces a body (Content-Length > 0, chunked)
         self.websocket: dict[str, Any] | None = None  # the scope of an upgrade to hand off
         self.in_head = True  # the parser is inside a request head
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
@@ -366,8 +373,10 @@ class Listener(asyncio.Protocol):
                     self.expect_100_continue = True
             elif name == b"connection":
                 self.connection = True
-            else:
+            elif name == b"upgrade":
                 self.upgrade = value.lower()
+            elif name == b"transfer-encoding" or value != b"0":  # (content-length)
+                self.framed = True
         headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -476,10 +485,10 @@ class Listener(asyncio.Protocol):
         self.scope = scope
         existing = self.cycle
         idle = existing is None or existing.response_complete
-        if idle and not self.expect_100_continue:
+        if idle and not self.expect_100_continue and not self.framed:
             fast = getattr(app, "fast", None)
-            if fast is not None:
-                cycle = fast(self, scope, keep_alive)
+            if fast is not None:  # a bodyless head: the host it routes by is known
+                cycle = fast(self, scope, keep_alive, host)
                 if cycle is not None:
                     self.cycle = cycle
                     return
@@ -512,6 +521,7 @@ class Listener(asyncio.Protocol):
         self.expect_100_continue = False
         self.upgrade = None
         self.connection = False
+        self.framed = False
         self.headers = []
         cycle = self.cycle
         if isinstance(cycle, Cycle) and not cycle.response_complete:
