@@ -1,6 +1,6 @@
 """Clients named by a header on the callback path (issue 24): named once per
 connection while the naming headers stay the same, named afresh when they change; and
-the upstream header lines patched when only one end-to-end value changed."""
+the upstream header lines patched when only end-to-end values changed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from stormguard.gateway._clients import ClientIdentity
 from stormguard.gateway._h1client import H1Pool
-from stormguard.gateway._wire import block_patch, changed_at, patched_block, request_headers
+from stormguard.gateway._wire import (
+    block_patch,
+    changed_only_at,
+    patched,
+    patched_block,
+    request_headers,
+)
 from stormguard.server._view import ScopeView
 
 Factory = Callable[..., Any]
@@ -126,11 +132,14 @@ OTHER_KEY: Headers = [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept",
         [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"*/*")],
         [(b"host", b"gw"), (b"x-api-key", b"a-much-longer-client-key"), (b"accept", b"*/*")],
         [(b"host", b"gw"), (b"x-api-key", b"client-1"), (b"accept", b"text/html")],
+        [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"text/html")],
+        [(b"host", b"gw"), (b"x-api-key", b""), (b"accept", b"")],
         BASE,
     ],
 )
 def test_a_patched_block_is_the_block_rendered_afresh(changed: Headers) -> None:
-    """One end-to-end value changed: the patched lines are exactly the fresh ones."""
+    """End-to-end values changed (one or more): the patched lines are exactly the
+    fresh ones."""
     assert patched_block(BASE, _block(BASE), changed) == _block(changed)
 
 
@@ -138,7 +147,7 @@ def test_a_patched_block_is_the_block_rendered_afresh(changed: Headers) -> None:
     ("kept", "changed"),
     [
         (BASE, [(b"host", b"other"), (b"x-api-key", b"client-1"), (b"accept", b"*/*")]),
-        (BASE, [(b"host", b"gw"), (b"x-api-key", b"client-2"), (b"accept", b"text/html")]),
+        (BASE, [(b"host", b"other"), (b"x-api-key", b"client-2"), (b"accept", b"*/*")]),
         (BASE, [(b"host", b"gw"), (b"x-api-key", b"client-1")]),
         (BASE, [(b"host", b"gw"), (b"x-team", b"client-1"), (b"accept", b"*/*")]),
         (
@@ -156,8 +165,8 @@ def test_a_patched_block_is_the_block_rendered_afresh(changed: Headers) -> None:
     ],
 )
 def test_any_other_change_renders_the_block_afresh(kept: Headers, changed: Headers) -> None:
-    """Two changes, a renamed or rewritten header, a dropped one, an ambiguous line: no
-    patch (None), the lines are rendered from scratch."""
+    """A rewritten header changed (alone or with another), a renamed or dropped one,
+    one fewer, an ambiguous line: no patch (None), the lines are rendered from scratch."""
     assert patched_block(kept, _block(kept), changed) is None
 
 
@@ -169,15 +178,15 @@ def test_any_other_change_renders_the_block_afresh(kept: Headers, changed: Heade
     ],
 )
 def test_a_kept_patch_renders_each_next_value_as_afresh(keys: list[bytes]) -> None:
-    """The patch found once (at, head, tail) makes, for every next value of the same
-    header, exactly the lines rendered from scratch."""
-    at, head, tail = block_patch(BASE, _block(BASE), OTHER_KEY) or (-1, b"", b"")
-    assert at == 1
+    """The patch found once makes, for every next value of the same header, exactly
+    the lines rendered from scratch."""
+    patch = block_patch(BASE, _block(BASE), OTHER_KEY)
+    assert patch is not None and patch[0] == (1,)
     kept = OTHER_KEY
     for key in keys:
         changed = [(b"host", b"gw"), (b"x-api-key", key), (b"accept", b"*/*")]
-        assert changed_at(kept, changed, at) == (at if changed != kept else -1)
-        assert head + key + tail == _block(changed)
+        assert changed_only_at(kept, changed, patch[0])
+        assert patched(patch, changed) == _block(changed)
         kept = changed
 
 
@@ -192,7 +201,38 @@ def test_a_kept_patch_renders_each_next_value_as_afresh(keys: list[bytes]) -> No
 )
 def test_a_kept_patch_is_not_used_for_any_other_change(changed: Headers) -> None:
     """Another header changed too, instead, renamed, or one fewer: not at the kept place."""
-    assert changed_at(OTHER_KEY, changed, 1) == -1
+    assert not changed_only_at(OTHER_KEY, changed, (1,))
+
+
+VALUES = st.binary(max_size=6).filter(lambda v: b"\r" not in v and b"\n" not in v)
+
+
+@given(
+    names=st.lists(
+        st.sampled_from([b"x-api-key", b"accept", b"x-request-id", b"traceparent", b"via"]),
+        min_size=1,
+        max_size=5,
+    ),
+    data=st.data(),
+)
+def test_a_patch_for_any_changed_values_is_the_block_rendered_afresh(
+    names: list[bytes], data: st.DataObject
+) -> None:
+    """For any headers and any new values of them, a patch, where there is one, gives
+    exactly the lines rendered afresh, for the headers it was found for and for a third
+    request whose values change at the same places."""
+    kept = [(b"host", b"gw"), *((name, data.draw(VALUES)) for name in names)]
+    changed = [(name, data.draw(VALUES) if i else value) for i, (name, value) in enumerate(kept)]
+    patch = block_patch(kept, _block(kept), changed)
+    if patch is None:
+        return
+    assert patched(patch, changed) == _block(changed)
+    third = [
+        (name, data.draw(VALUES) if i in patch[0] else value)
+        for i, (name, value) in enumerate(changed)
+    ]
+    assert changed_only_at(changed, third, patch[0])
+    assert patched(patch, third) == _block(third)
 
 
 def test_clients_changing_on_one_connection_keep_their_own_limits_and_headers(

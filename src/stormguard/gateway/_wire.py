@@ -12,8 +12,10 @@ from .http._head import status_line
 __all__ = [
     "DISCONNECT",
     "HOP_BY_HOP",
+    "Patch",
     "block_patch",
-    "changed_at",
+    "changed_only_at",
+    "patched",
     "patched_block",
     "request_headers",
     "response_head",
@@ -111,58 +113,86 @@ def request_headers(scope: Mapping[str, Any], trusted_peer: bool) -> list[tuple[
     return out
 
 
+# A patch of kept header lines (block_patch): (the indices of the request headers
+# whose values it takes, ascending; the lines around those values, in the block's
+# order; the index of each value in the block's order).
+Patch = tuple[tuple[int, ...], tuple[bytes, ...], tuple[int, ...]]
+
+
 def patched_block(
     kept: list[tuple[bytes, bytes]], block: bytes, raw: list[tuple[bytes, bytes]]
 ) -> bytes | None:
     """The header lines for request headers ``raw`` made from ``block``, the lines
     rendered for ``kept`` (same peer, scheme, method and rules), when the two differ in
-    the value of one end-to-end header only -- every request naming a different client
-    by ``X-API-Key`` (issue 24); else None (render them afresh)."""
+    the values of end-to-end headers only -- every request naming a different client
+    by ``X-API-Key`` (issue 24), a request id or a trace context per request; else
+    None (render them afresh)."""
     if len(kept) != len(raw):
         return None
     if kept == raw:
         return block
     patch = block_patch(kept, block, raw)
-    return None if patch is None else patch[1] + raw[patch[0]][1] + patch[2]
+    return None if patch is None else patched(patch, raw)
+
+
+def patched(patch: Patch, raw: list[tuple[bytes, bytes]]) -> bytes:
+    """The header lines of ``patch`` with the values of ``raw``."""
+    _, pieces, slots = patch
+    parts = [pieces[0]]
+    for at, piece in zip(slots, pieces[1:]):
+        parts += (raw[at][1], piece)
+    return b"".join(parts)
 
 
 def block_patch(
     kept: list[tuple[bytes, bytes]], block: bytes, raw: list[tuple[bytes, bytes]]
-) -> tuple[int, bytes, bytes] | None:
-    """:func:`patched_block` as ``(at, head, tail)``: the lines for ``raw`` are ``head
-    + raw[at][1] + tail``, and so are those of any headers that differ from ``raw`` in
-    the value at ``at`` alone (:func:`changed_at`); None: render them afresh."""
-    at = changed_at(kept, raw, -1)
-    if at < 0:
-        return None
-    name, value = kept[at]
-    if name in _REQUEST_DROP or name in _CLIENT_FORWARDING or name.startswith(_X_FORWARDED):
-        return None  # request_headers rewrites these itself
-    line = b"\r\n" + name + b": " + value + b"\r\n"
-    whole = b"\r\n" + block
-    first = whole.find(line)
-    if first < 0 or whole.find(line, first + 1) >= 0:
-        return None  # dropped (named by Connection), or not the only such line
-    return at, block[:first] + name + b": ", whole[first + len(line) - 2 :]
-
-
-def changed_at(kept: list[tuple[bytes, bytes]], raw: list[tuple[bytes, bytes]], at: int) -> int:
-    """The one index where ``raw`` differs from ``kept`` (as long), in a value only;
-    -1 when none or more do, or a name does. ``at`` >= 0: that index, or -1."""
+) -> Patch | None:
+    """:func:`patched_block` as a :data:`Patch`: the lines for ``raw``, and for any
+    headers that differ from ``raw`` only in the values the patch takes
+    (:func:`changed_only_at`), are its pieces with those values between them; None:
+    render them afresh (a name changed, a header came or went, a changed header is
+    one the proxy rewrites or drops, or its line is not in the block exactly once)."""
     if len(kept) != len(raw):
-        return -1
-    if 0 <= at < len(raw):  # that index only: the rest compared whole, in C
-        old, new = kept[at], raw[at]
-        if old[0] == new[0] and old[1] != new[1] and kept[:at] == raw[:at]:
-            return at if kept[at + 1 :] == raw[at + 1 :] else -1
-        return -1
-    found = -1
-    for i, (old, new) in enumerate(zip(kept, raw, strict=True)):
-        if old != new:
-            if found >= 0 or old[0] != new[0]:
-                return -1
-            found = i
-    return found if at < 0 else -1
+        return None
+    changed = [i for i, (old, new) in enumerate(zip(kept, raw, strict=True)) if old != new]
+    whole = b"\r\n" + block
+    spans = []  # (where the value starts in the block, where it ends, its index)
+    for at in changed:
+        name, value = kept[at]
+        if name != raw[at][0]:
+            return None
+        if name in _REQUEST_DROP or name in _CLIENT_FORWARDING or name.startswith(_X_FORWARDED):
+            return None  # request_headers rewrites these itself
+        line = b"\r\n" + name + b": " + value + b"\r\n"
+        first = whole.find(line)
+        if first < 0 or whole.find(line, first + 1) >= 0:
+            return None  # dropped (named by Connection), or not the only such line
+        begins = first + len(name) + 2  # (in the block: `whole` is 2 bytes longer)
+        spans.append((begins, begins + len(value), at))
+    if not spans:
+        return None
+    spans.sort()
+    pieces, end = [], 0
+    for begins, ends, _ in spans:
+        pieces.append(block[end:begins])
+        end = ends
+    pieces.append(block[end:])
+    return tuple(changed), tuple(pieces), tuple(at for _, _, at in spans)
+
+
+def changed_only_at(
+    kept: list[tuple[bytes, bytes]], raw: list[tuple[bytes, bytes]], at: tuple[int, ...]
+) -> bool:
+    """Whether ``raw`` is ``kept`` (as long, the same names) but for the values at
+    the indices ``at`` (ascending): a :data:`Patch` of ``kept`` serves ``raw`` too."""
+    if len(kept) != len(raw):
+        return False
+    start = 0
+    for i in at:
+        if kept[start:i] != raw[start:i] or kept[i][0] != raw[i][0]:
+            return False
+        start = i + 1
+    return kept[start:] == raw[start:]
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -24,7 +24,14 @@ from .._h1client import H1Response, UpstreamConnectError, UpstreamError
 from .._retries import stale_resend
 from .._runtime import CompiledRoute, Runtime
 from .._upstream import Held, Holder, UpstreamPool
-from .._wire import DISCONNECT, block_patch, changed_at, request_headers, response_head
+from .._wire import (
+    DISCONNECT,
+    block_patch,
+    changed_only_at,
+    patched,
+    request_headers,
+    response_head,
+)
 from ..http._cycle import Cycle
 from ._books import BUFFER, account
 from ._driver import arun, resumed, run
@@ -221,13 +228,18 @@ class Exchange:
         else:
             block = patch = None
             if kept is not None and kept[1] is identity and kept[2] == method:
-                # One value changed (issue 24): the lines patched; where the same one
-                # changed as last time, at the place found then (_wire.block_patch).
+                # Values changed (issue 24: a client key; a request id, a trace
+                # context): the lines patched; where the same ones changed as last
+                # time, at the places found then (_wire.block_patch).
                 patch = kept[4]
-                if patch is None or changed_at(kept[0], raw, patch[0]) < 0:
+                if patch is None or not changed_only_at(kept[0], raw, patch[0]):
                     patch = block_patch(kept[0], kept[3], raw)
                 if patch is not None:
-                    block = patch[1] + raw[patch[0]][1] + patch[2]
+                    _, pieces, slots = patch
+                    if len(slots) == 1:  # (one value: _wire.patched, inline)
+                        block = pieces[0] + raw[slots[0]][1] + pieces[1]
+                    else:
+                        block = patched(patch, raw)
             if block is None:
                 headers = request_headers(scope, identity.trusted_peer(ScopeView(scope)))
                 block = pool.client.header_block(method, headers)
