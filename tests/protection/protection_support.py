@@ -17,6 +17,12 @@ FAKE_TIME_SCRIPTS = frozenset(
 )
 
 
+# These stores test shared state, not a slow Redis: on a loaded CI machine a connect
+# can take longer than the 0.25 s default, and the breaker then rightly decides
+# locally, which is not what these tests look at. The fallback tests pass their own.
+GENEROUS_TIMEOUTS = {"socket_timeout": 10.0, "connect_timeout": 10.0}
+
+
 def fake_time_redis_store(url: str, prefix: str, clock: FakeClock, **kwargs: Any) -> Any:
     """A RedisStore whose protection scripts read ``clock`` instead of Redis' clock."""
     from stormguard.stores import RedisStore
@@ -27,7 +33,7 @@ def fake_time_redis_store(url: str, prefix: str, clock: FakeClock, **kwargs: Any
                 args = [*args, repr(clock.monotonic())]
             return super().run_script(name, keys, args)
 
-    return FakeTimeRedisStore(url, prefix=prefix, **kwargs)
+    return FakeTimeRedisStore(url, prefix=prefix, **{**GENEROUS_TIMEOUTS, **kwargs})
 
 
 def fake_time_async_redis_store(url: str, prefix: str, clock: FakeClock, **kwargs: Any) -> Any:
@@ -40,7 +46,7 @@ def fake_time_async_redis_store(url: str, prefix: str, clock: FakeClock, **kwarg
                 args = [*args, repr(clock.monotonic())]
             return await super().run_script(name, keys, args)
 
-    return FakeTimeAsyncRedisStore(url, prefix=prefix, **kwargs)
+    return FakeTimeAsyncRedisStore(url, prefix=prefix, **{**GENEROUS_TIMEOUTS, **kwargs})
 
 
 StoreFactory = Callable[[], Any]

@@ -239,7 +239,9 @@ async def test_async_store_forms(redis_url: str, key_prefix: str, clock: FakeClo
     async def probe() -> None:
         nonlocal reached
         reached += 1
-        await others_refused.wait()  # the probe stays in flight meanwhile
+        # the probe stays in flight meanwhile; bounded, so a second probe fails the
+        # assertions below instead of hanging the test
+        await asyncio.wait_for(others_refused.wait(), 10)
 
     async def attempt() -> None:
         nonlocal refused
