@@ -398,14 +398,21 @@ class CircuitBreaker(Scope, AsyncScope, Decorator):
                 pass
         store = self._store
         if store is not None and admission.__class__ is CachedAdmission:
-            if failure:
-                store.shared.check_sync()  # before the batch is taken: nothing lost
-            if self._cached_failure(store, admission, started, now, failure):
-                state = self._health.call(lambda: store.refresh(now), _no_reply)
-                if state is not None:
-                    self._observe_remote(state.state)
+            self._settle_cached(store, admission, started, now, failure)
             return
         self._outcome(admission, started, failure, now)
+
+    def _settle_cached(
+        self, store: BreakerStore, admission: Admission, started: float, now: float, failure: bool
+    ) -> None:
+        # settle() of a shared ticket. (Apart, so that settle() itself closes over
+        # nothing: a closure's cells would be made on every call of it.)
+        if failure:
+            store.shared.check_sync()  # before the batch is taken: nothing lost
+        if self._cached_failure(store, admission, started, now, failure):
+            state = self._health.call(lambda: store.refresh(now), _no_reply)
+            if state is not None:
+                self._observe_remote(state.state)
 
     def _drain(self) -> None:
         # Lock held: count the successes queued by the lock-free fast path.
