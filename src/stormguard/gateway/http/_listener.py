@@ -61,6 +61,7 @@ _NOTED = frozenset(
     {b"host", b"expect", b"upgrade", b"connection", b"content-length", b"transfer-encoding"}
 )
 _HIGH_WATER = 65536  # request body bytes held before reading pauses
+_REPLAY_TRIES = 4  # heads kept for replay, in a row with none replayed, before giving up
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
@@ -188,6 +189,12 @@ class Listener(asyncio.Protocol):
         self.framed = False  # the head announces a body (Content-Length > 0, chunked)
         self.websocket: dict[str, Any] | None = None  # the scope of an upgrade to hand off
         self.in_head = True  # the parser is inside a request head
+        # A head replayed (see _replay): the last head of one whole read, with what
+        # parsing it left, and whether the parser now stands between messages.
+        self.replay: tuple[Any, ...] | None = None
+        self.noted: tuple[Any, ...] | None = None  # the head just parsed, for replay
+        self.at_boundary = True
+        self.unreplayed = 0  # heads kept for replay since one was last replayed
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
         self.completed = 0  # requests whose message ended
         # The caps, and what the head's target and header lines may still take.
@@ -281,17 +288,78 @@ class Listener(asyncio.Protocol):
             if self.closing or len(data) > self.max_head - self.head_bytes:
                 self._received(data)
                 return
+            replay = self.replay
+            if replay is not None and self.at_boundary and data == replay[0]:
+                self._replay(replay)
+                return
             self.head_bytes += len(data)
         elif self.closing:
             return
+        completed = self.completed
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self.at_boundary = False
             leftover = self._failed(exc, data, b"")
             if leftover:
                 self._received(leftover)
+            return
+        if self.at_boundary:
+            self._note(data, completed)
+
+    # -- a head replayed --------------------------------------------------------------------
+    #
+    # A client that sends the same bytes again and again on one connection (a poller,
+    # a health check, a load generator) is parsed once: llhttp parses a read that,
+    # starting where the parser stood between messages, held exactly one bodyless
+    # head and nothing more; what the callbacks made of it is kept with the read's
+    # bytes. When the next read, again between messages, holds the same bytes, the
+    # parser would do the same again and end where it stands: the listener skips it
+    # and hands the kept head to the same steps as on_headers_complete (from the
+    # route on, everything runs as for a parsed head), then ends the message as
+    # on_message_complete does. Whatever else happens (a read split mid-head, a
+    # pipelined pair, a body, a parser error, an upgrade) the parser's standing is no
+    # longer known and the connection parses every read from then on. A connection
+    # whose heads keep changing stops keeping them after a few.
+
+    def _note(self, data: bytes, completed: int) -> None:
+        # After a read fed from between messages: keep its head for replay when it
+        # was exactly one bodyless head, ending with the read (its only empty line
+        # is its last); else the parser's standing is no longer known.
+        noted, self.noted = self.noted, None
+        if (
+            noted is not None
+            and self.completed == completed + 1
+            and data.find(b"\n\r\n") == len(data) - 3
+            and data.find(b"\n\n") < 0
+        ):
+            if self.replay is None or self.replay[0] != data:
+                self.replay = (data, *noted)
+                self.unreplayed += 1
+        else:
+            self.at_boundary = False
+
+    def _replay(self, kept: tuple[Any, ...]) -> None:
+        self.unreplayed = 0
+        _, self.url, headers, self.host, self.hosts, self.bytes_left, method, alive, version = kept
+        self.headers = list(headers)
+        self.settings.watched.discard(self)
+        self.in_head = False
+        try:
+            self._head(method, alive, version)
+        except _Refused as refused:  # (as a parsed head's callback error is answered)
+            self.at_boundary = False
+            self._refuse(refused.status)
+            return
+        except Exception:
+            self.at_boundary = False
+            log.error("gateway listener error", exc_info=True)
+            self._refuse(500)
+            return
+        self.on_message_complete()
 
     def _received(self, data: bytes) -> None:
+        self.at_boundary = False
         while data and not self.closing:
             rest = b""
             if self.in_head:
@@ -385,13 +453,39 @@ class Listener(asyncio.Protocol):
         if self.bytes_left < 0:
             raise _Refused(431)
         parser = self.parser
-        method_raw = parser.get_method()
-        method = _METHODS.get(method_raw) or method_raw.decode("ascii")
+        method = parser.get_method()
         # Of the versions llhttp accepts (0.9, 1.0, 1.1, 2.0), only 1.1 keeps the
         # connection alive without a Connection header: the version of such a
         # request is known without asking (get_http_version formats a string).
         alive = parser.should_keep_alive()
-        version = "1.1" if alive and not self.connection else parser.get_http_version()
+        if alive and not self.connection:
+            version = "1.1"
+            if (
+                self.at_boundary
+                and self.unreplayed < _REPLAY_TRIES
+                and self.upgrade is None
+                and not self.framed
+                and not self.expect_100_continue
+            ):
+                # (a keep-alive, bodyless head that upgrades nothing: kept for
+                # replay if it was its read's only content; see _note)
+                self.noted = (
+                    self.url,
+                    tuple(self.headers),
+                    self.host,
+                    self.hosts,
+                    self.bytes_left,
+                    method,
+                    alive,
+                    version,
+                )
+        else:
+            version = parser.get_http_version()
+        self._head(method, alive, version)
+
+    def _head(self, method_raw: bytes, alive: bool, version: str) -> None:
+        # A complete head, parsed or replayed: its route to the app.
+        method = _METHODS.get(method_raw) or method_raw.decode("ascii")
         if method == "CONNECT":
             raise _Refused(405)
         url = self.url
@@ -448,7 +542,7 @@ class Listener(asyncio.Protocol):
             self.upgrade == b"websocket"
             and method == "GET"
             and settings.websocket_max_size is not None
-            and parser.should_upgrade()
+            and self.parser.should_upgrade()
         ):
             self.websocket = {
                 "type": "websocket",
