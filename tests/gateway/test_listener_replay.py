@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,9 @@ from stormguard.gateway.http._listener import Listener, ListenerSettings
 
 HEAD = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 KEYED = b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\n\r\n"
+KEYED2 = KEYED.replace(b"k1", b"k22")
+# two values that change per request (a request id, a trace context)
+TRACED = b"GET /t HTTP/1.1\r\nX-Request-Id: %s\r\nHost: x\r\ntraceparent: %s\r\n\r\n"
 
 # Requests a client may send: served, refused by the listener (400, 405, 431, 414),
 # closing the connection, with a body, upgrading, in bare-LF lines, absolute-form.
@@ -46,10 +50,43 @@ VOCABULARY = [
     b"GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
     b"G",
     b"ET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    # values that may or may not be replayed into the kept head's slots
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k333\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k 1\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k\x01\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k\x80\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k2 \r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key:k2\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nx-key: k2\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: \r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: " + b"v" * 280 + b"\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nX-Key: k2\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: y\r\nX-Key: k1\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nContent-Length: 0\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nContent-Length: 5\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nConnection: close\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nProxy-Connection: close\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nProxy-Connection: a\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nProxy-Connection: b\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nProxy-Connection: close\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nExpect: a\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nExpect: b\r\n\r\n",
+    b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
+    TRACED % (b"a1", b"t1"),
+    TRACED % (b"a2", b"t2"),
+    TRACED % (b"a333", b"t"),
+    TRACED % (b"a1", b"t\r\nX-Evil: 1"),
+    TRACED % (b"a1", b"t1\r\nHost: y"),
 ]
 
 # Drawn more often: repeats (where replays happen) and the fragments of a head.
-COMMON = [HEAD, KEYED, b"G", HEAD + b"G", b"ET / HTTP/1.1\r\nHost: x\r\n\r\n"]
+COMMON = [HEAD, KEYED, KEYED2, b"G", HEAD + b"G", b"ET / HTTP/1.1\r\nHost: x\r\n\r\n"]
+# (and pairs that name a header the parser or the listener reads)
+COMMON += [
+    VOCABULARY[i]
+    for i in range(len(VOCABULARY))
+    if b"-Connection: " in VOCABULARY[i] or b"Expect: " in VOCABULARY[i]
+]
 
 
 class FakeTransport:
@@ -115,9 +152,9 @@ class Counting(Listener):
     replays = 0
     fed = 0
 
-    def _replay(self, kept: tuple[Any, ...]) -> None:
+    def _replay(self, *args: Any) -> None:
         type(self).replays += 1
-        super()._replay(kept)
+        super()._replay(*args)
 
     def data_received(self, data: bytes) -> None:
         parser = self.parser
@@ -146,10 +183,10 @@ class Parsing(Listener):
         self.at_boundary = False
 
 
-async def _serve(cls: type[Listener], reads: list[bytes]) -> tuple[Any, ...]:
+async def _serve(cls: type[Listener], reads: list[bytes], max_headers: int = 8) -> tuple[Any, ...]:
     seen: list[tuple[Any, ...]] = []
     config = ListenerSettings(
-        _recording_app(seen), max_header_bytes=300, max_headers=8, max_target_bytes=64
+        _recording_app(seen), max_header_bytes=300, max_headers=max_headers, max_target_bytes=64
     )
     proto = cls(config)
     transport = FakeTransport()
@@ -282,3 +319,77 @@ def test_a_read_with_a_fragment_after_its_head_is_not_kept() -> None:
     assert Counting.replays == 0
     assert len(seen) == 1 and closed
     assert b"HTTP/1.1 400 " in written
+
+
+def test_heads_that_differ_in_a_value_are_replayed_with_it() -> None:
+    """Heads that differ only in an API key: the first two are parsed, and the
+    second's bytes around the key are its slot; the later ones are that head with
+    their own key, which the app sees, as it does from a parsing listener."""
+    keys = [b"k1", b"k22", b"k3", b"k4444", b"k5"]
+    reads = [KEYED.replace(b"k1", key) for key in keys]
+    Counting.replays = Counting.fed = 0
+    served = asyncio.run(_serve(Counting, reads))
+    assert (Counting.fed, Counting.replays) == (2, 3)
+    assert [dict(s[5])[b"x-key"] for s in served[0]] == keys
+    assert served == asyncio.run(_serve(Parsing, reads))
+
+
+def test_two_values_that_change_per_request_are_replayed() -> None:
+    """A request id and a trace context, new in every request, as SDKs send them."""
+    reads = [TRACED % (b"id-%d" % i, b"00-%032d-01" % i) for i in range(6)]
+    Counting.replays = Counting.fed = 0
+    served = asyncio.run(_serve(Counting, reads))
+    assert (Counting.fed, Counting.replays) == (2, 4)
+    assert [dict(s[5])[b"x-request-id"] for s in served[0]] == [b"id-%d" % i for i in range(6)]
+    assert served == asyncio.run(_serve(Parsing, reads))
+
+
+def test_a_value_that_is_not_a_plain_token_is_parsed() -> None:
+    """A value with a space, a control or a non-ASCII byte, or a line break that
+    would start another header, is never put in a slot: the read is parsed."""
+    for bad in (b"k 9", b"k\x01", b"k\xff", b"k9\r\nHost: y", b""):
+        reads = [KEYED, KEYED2, KEYED.replace(b"k1", bad)]
+        Counting.replays = Counting.fed = 0
+        served = asyncio.run(_serve(Counting, reads))
+        assert Counting.replays == 0, bad
+        assert served == asyncio.run(_serve(Parsing, reads)), bad
+
+
+def test_a_value_that_passes_the_head_cap_is_refused_as_parsed() -> None:
+    """A value in a slot that makes the head's lines longer than max_header_bytes
+    (as the cap counts them, "name: value" and CR LF each; here thirty "a:b" lines
+    count a byte more than they take): 431, as the parser answers it, never served."""
+    keyed = KEYED.replace(b"\r\n\r\n", b"\r\n" + b"a:b\r\n" * 30 + b"\r\n")
+    reads = [keyed, keyed.replace(b"k1", b"k22"), keyed.replace(b"k1", b"v" * 100)]
+    assert len(reads[2]) <= 300  # the read fits the cap (300); its lines do not
+    Counting.replays = Counting.fed = 0
+    served = asyncio.run(_serve(Counting, reads, max_headers=100))
+    assert Counting.replays == 0
+    assert b"HTTP/1.1 431 " in served[1] and len(served[0]) == 2
+    assert served == asyncio.run(_serve(Parsing, reads, max_headers=100))
+
+
+@pytest.mark.parametrize(
+    ("name", "special"),
+    [
+        (b"Expect", b"100-continue"),
+        (b"Proxy-Connection", b"close"),
+        (b"Connection", b"close"),
+        (b"Upgrade", b"websocket"),
+        (b"Content-Length", b"0"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Host", b"y"),
+    ],
+)
+def test_a_header_the_parser_or_listener_reads_is_never_a_slot(name: bytes, special: bytes) -> None:
+    """Two heads that differ in the value of a header that changes how a head is
+    parsed or served, then a third with the value that does: parsed, as it must be."""
+    reads = [b"GET /s HTTP/1.1\r\nHost: x\r\n%s: %s\r\n\r\n" % (name, v) for v in (b"a", b"b")]
+    reads[0] = reads[0].replace(b"Host: x\r\nHost", b"Host")  # (Host: once)
+    reads[1] = reads[1].replace(b"Host: x\r\nHost", b"Host")
+    reads.append(b"GET /s HTTP/1.1\r\nHost: x\r\n%s: %s\r\n\r\n" % (name, special))
+    reads[2] = reads[2].replace(b"Host: x\r\nHost", b"Host")
+    Counting.replays = Counting.fed = 0
+    served = asyncio.run(_serve(Counting, reads))
+    assert Counting.replays == 0
+    assert served == asyncio.run(_serve(Parsing, reads))

@@ -38,9 +38,13 @@ def _config(upstream: int, *, asgi: bool) -> dict[str, Any]:
         "access_log": False,
         "header_timeout": 1.0,
         "upstreams": {"a": upstream_settings},
-        "limits": {"login": {"algorithm": "token_bucket", "rate": 0.001, "burst": 3}},
+        "limits": {
+            "login": {"algorithm": "token_bucket", "rate": 0.001, "burst": 3},
+            "counted": {"algorithm": "token_bucket", "rate": 0.001, "burst": 3},
+        },
         "routes": [
             {"path": "/login", "upstream": "a", "limits": ["login"]},
+            {"path": "/echo/counted", "upstream": "a", "limits": ["counted"]},
             {"path": "/echo/trace", "upstream": "a", "methods": ["GET", "TRACE"]},
             {"path": "/", "upstream": "a"},
         ],
@@ -177,6 +181,36 @@ def test_keep_alive_serves_requests_in_turn(gw: Front) -> None:
         for n in range(3):
             conn.send(_get(b"/echo?n=%d" % n))
             assert conn.answer().json()["path"] == f"/echo?n={n}"
+
+
+def test_the_same_head_again_on_a_connection_is_served_and_counted(gw: Front) -> None:
+    """One connection sends the same bytes five times, one write each (the listener
+    parses the first and replays the rest): each is forwarded as sent, and the
+    route's limit (3) counts every one of them."""
+    statuses = []
+    with Connection(gw.port) as conn:
+        for _ in range(5):
+            conn.send(_get(b"/echo/counted?same", b"X-Api-Key: k1"))
+            answer = conn.answer()
+            statuses.append(answer.status)
+            if answer.status == 200:
+                seen = answer.json()
+                assert (seen["path"], seen["headers"]["x-api-key"]) == ("/echo/counted?same", "k1")
+    assert statuses == [200, 200, 200, 429, 429]
+
+
+def test_heads_that_differ_in_values_reach_the_upstream_with_theirs(gw: Front) -> None:
+    """One connection, a request id and a trace context new in each request (the
+    listener parses two and replays the rest with their values): the upstream
+    sees each request's own values, and one value that is no plain token (a
+    space in it) is parsed and forwarded as sent too."""
+    ids = [b"r-%d" % n for n in range(5)] + [b"r 5", b"r-6"]
+    with Connection(gw.port) as conn:
+        for n, rid in enumerate(ids):
+            trace = b"00-%032d-%016d-01" % (n, n)
+            conn.send(_get(b"/echo?v", b"X-Request-Id: " + rid, b"traceparent: " + trace))
+            seen = {k.lower(): v for k, v in conn.answer().json()["headers"].items()}
+            assert (seen["x-request-id"], seen["traceparent"]) == (rid.decode(), trace.decode())
 
 
 def test_pipelined_requests_are_answered_in_order(gw: Front) -> None:

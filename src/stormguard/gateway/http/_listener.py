@@ -40,6 +40,7 @@ from .._outbox import Outbox
 from .._wire import DISCONNECT
 from ._cycle import Cycle, answer
 from ._head import host_of, normalise_path
+from ._replay import Patch, head_patch
 
 __all__ = ["Listener", "ListenerSettings", "ServerState"]
 
@@ -193,6 +194,7 @@ class Listener(asyncio.Protocol):
         # parsing it left, and whether the parser now stands between messages.
         self.replay: tuple[Any, ...] | None = None
         self.noted: tuple[Any, ...] | None = None  # the head just parsed, for replay
+        self.replay_patch: Patch | None = None  # where the kept read's values are
         self.at_boundary = True
         self.unreplayed = 0  # heads kept for replay since one was last replayed
         self.head_bytes = 0  # bytes fed to the parser since the last request ended
@@ -289,9 +291,12 @@ class Listener(asyncio.Protocol):
                 self._received(data)
                 return
             replay = self.replay
-            if replay is not None and self.at_boundary and data == replay[0]:
-                self._replay(replay)
-                return
+            if replay is not None and self.at_boundary:
+                if data == replay[0]:
+                    self._replay(replay, list(replay[2]), replay[5])
+                    return
+                if self.replay_patch is not None and self._replay_patched(replay, data):
+                    return
             self.head_bytes += len(data)
         elif self.closing:
             return
@@ -317,10 +322,12 @@ class Listener(asyncio.Protocol):
     # parser would do the same again and end where it stands: the listener skips it
     # and hands the kept head to the same steps as on_headers_complete (from the
     # route on, everything runs as for a parsed head), then ends the message as
-    # on_message_complete does. Whatever else happens (a read split mid-head, a
-    # pipelined pair, a body, a parser error, an upgrade) the parser's standing is no
-    # longer known and the connection parses every read from then on. A connection
-    # whose heads keep changing stops keeping them after a few.
+    # on_message_complete does. A read that is the kept one with other values in a
+    # few headers (an API key, a request id; learnt from the two heads kept last, see
+    # _replay.py) is the kept head with those values. Whatever else happens (a read
+    # split mid-head, a pipelined pair, a body, a parser error, an upgrade) the
+    # parser's standing is no longer known and the connection parses every read from
+    # then on. A connection whose heads keep changing stops keeping them after a few.
 
     def _note(self, data: bytes, completed: int) -> None:
         # After a read fed from between messages: keep its head for replay when it
@@ -333,16 +340,48 @@ class Listener(asyncio.Protocol):
             and data.find(b"\n\r\n") == len(data) - 3
             and data.find(b"\n\n") < 0
         ):
-            if self.replay is None or self.replay[0] != data:
+            kept = self.replay
+            if kept is None or kept[0] != data:
+                # Kept after another head with the same request line: where the
+                # two differ only in a few headers' values, those are its slots.
+                self.replay_patch = (
+                    head_patch(kept[2], noted[1], data)
+                    if kept is not None
+                    and kept[1] == noted[0]  # target
+                    and kept[3:5] == noted[2:4]  # Host
+                    and kept[6:] == noted[5:]  # method, version
+                    else None
+                )
                 self.replay = (data, *noted)
                 self.unreplayed += 1
         else:
             self.at_boundary = False
 
-    def _replay(self, kept: tuple[Any, ...]) -> None:
+    def _replay_patched(self, kept: tuple[Any, ...], data: bytes) -> bool:
+        # The kept head with other values in its slots (_replay.py), when ``data``
+        # is made so; False when it must be parsed.
+        pattern, slots = self.replay_patch  # type: ignore[misc]  # (not None here)
+        found = pattern.fullmatch(data)
+        if found is None:
+            return False
+        headers = list(kept[2])
+        grown = 0
+        for index, value in zip(slots, found.groups()):
+            name, old = headers[index]
+            grown += len(value) - len(old)
+            headers[index] = (name, value)
+        if grown > kept[5]:  # over the head's byte cap: the parser answers it
+            return False
+        self._replay(kept, headers, kept[5] - grown)
+        return True
+
+    def _replay(
+        self, kept: tuple[Any, ...], headers: list[tuple[bytes, bytes]], bytes_left: int
+    ) -> None:
         self.unreplayed = 0
-        _, self.url, headers, self.host, self.hosts, self.bytes_left, method, alive, version = kept
-        self.headers = list(headers)
+        _, self.url, _, self.host, self.hosts, _, method, alive, version = kept
+        self.headers = headers
+        self.bytes_left = bytes_left
         self.settings.watched.discard(self)
         self.in_head = False
         try:
