@@ -319,3 +319,46 @@ def test_refusal_answers_like_decide(plain: bool) -> None:
         assert refusal == (None if decision.allowed else decision)
         answers.append(refusal is None)
     assert answers == [True, True, True, False, False]
+
+
+def _client_of(scope: dict[str, Any]) -> str | None:
+    # a key callable: the client a scope names (as the gateway's client_of)
+    return scope.get("client-key")  # type: ignore[no-any-return]
+
+
+def test_a_client_hitter_answers_like_refusal() -> None:
+    """RuleSet.client_hitter(key callable): hit(key) answers what refusal() answers
+    for a request whose callable returns that key, client after client, and both
+    stores end with the same table; rules keyed otherwise, or a single rule (no
+    plain path), get no hitter."""
+    from stormguard import SlidingWindowCounter
+    from stormguard.server._decide import RuleSet
+    from stormguard.server._view import ScopeView
+    from stormguard.stores import MemoryStore
+    from stormguard.testing import FakeClock
+
+    def rules() -> list[Rule]:
+        return [
+            Rule(TokenBucket(1, 1), key=_client_of, name="per-client"),
+            Rule(SlidingWindowCounter(4, 10.0), key="global", name="all"),
+        ]
+
+    clocks = FakeClock(), FakeClock()
+    stores = [MemoryStore(clock=c) for c in clocks]
+    keyed, plain = (RuleSet(rules(), store=s, asyncio=False) for s in stores)
+    hit = keyed.client_hitter(_client_of)
+    assert hit is not None
+    answers = []
+    for n, client in enumerate(["a", "b", "a", "c", "a", "b", "a", "d", "e", "f"]):
+        for clock in clocks:
+            clock.advance(0.05 if n % 3 else 0.4)
+        view = ScopeView({"type": "http", "headers": [], "client-key": client})
+        answer, expected = hit(client), plain.refusal(view, "GET", "/")
+        assert answer == expected
+        answers.append(answer.name if answer is not None else None)
+        assert list(stores[0]._data.items()) == list(stores[1]._data.items())
+    assert "per-client" in answers and "all" in answers  # both limits refused someone
+    ip = [Rule(TokenBucket(1, 2), key="ip", name="ip"), Rule(TokenBucket(1, 2), key="global")]
+    assert RuleSet(ip, store=MemoryStore(), asyncio=False).client_hitter(_client_of) is None
+    one = [Rule(TokenBucket(1, 2), key=_client_of, name="one")]
+    assert RuleSet(one, store=MemoryStore(), asyncio=False).client_hitter(_client_of) is None

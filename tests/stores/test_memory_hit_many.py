@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import stormguard as sg
@@ -196,3 +198,65 @@ def test_group_hitter_keeps_the_key_bound_when_a_write_evicts_the_other_key() ->
     assert plain.hit_many(limits, 1.0, quiet=True) is None
     assert len(group._data) == 2
     assert list(group._data.items()) == list(plain._data.items())
+
+
+def _keyed(template: list, per_hit: tuple[int, ...], key: str) -> list:
+    # the limits a keyed hit of `key` decides
+    return [(a, n, k + key if i in per_hit else k) for i, (a, n, k) in enumerate(template)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs, traces, st.sampled_from([(0,), (1,), (0, 1), ()]))
+@example(
+    (TokenBucket(2, 3), TokenBucket(2, 3)), [("a", 0, 1.0), ("b", 0, 1.0), ("a", 0, 1.0)], (0,)
+)
+def test_keyed_hitter_answers_and_stores_like_quiet_hit_many(
+    pair: tuple, trace: list, per_hit: tuple[int, ...]
+) -> None:
+    """A keyed hitter, built once for every key, answers None exactly where quiet
+    hit_many of the same keys does, else hands the key to ``otherwise``; the stored
+    table stays identical, entry for entry and in order (the pair of a per-hit and
+    a fixed key has its own hit)."""
+    keyed_clock, plain_clock = FakeClock(), FakeClock()
+    keyed, plain = MemoryStore(clock=keyed_clock), MemoryStore(clock=plain_clock)
+    client, everyone = pair
+    template = [(client, "client", "c:"), (everyone, "global", "all")]
+    hitters: dict[float, Any] = {}
+    for key, dt, cost in trace:
+        keyed_clock.advance(dt)
+        plain_clock.advance(dt)
+        limits = _keyed(template, per_hit, key)
+        hit = hitters.get(cost)
+        if hit is None:
+
+            def otherwise(key: str, cost: float = cost) -> object:
+                keys = [
+                    (a, n, k + key if i in per_hit else k) for i, (a, n, k) in enumerate(template)
+                ]
+                return keyed.hit_many(keys, cost, quiet=True)
+
+            hit = hitters[cost] = keyed.keyed_hitter(template, cost, otherwise, per_hit)
+        assert hit(key) == plain.hit_many(limits, cost, quiet=True)
+        assert list(keyed._data.items()) == list(plain._data.items())
+
+
+def test_keyed_hitter_of_a_new_key_writes_it_through_the_store() -> None:
+    """A key never seen is stored as the store stores a new key (its bound holds)."""
+    store = MemoryStore(clock=FakeClock(), max_keys=3)
+    template = [(TokenBucket(1, 5), "client", "c:"), (TokenBucket(100, 100), "global", "all")]
+    hit = store.keyed_hitter(template, 1.0, lambda key: "refused", (0,))
+    assert [hit(f"k{n}") for n in range(5)] == [None] * 5
+    assert len(store._data) == 3 and store.evictions == 3
+    assert "client\x00c:k4" in store._data and "global\x00all" in store._data
+
+
+def test_keyed_hitter_leaves_leases_and_peeks_to_otherwise() -> None:
+    """With a Concurrency limit or a cost of 0 the keyed hitter is ``otherwise``."""
+    store = MemoryStore(clock=FakeClock())
+    leased = [(Concurrency(2, 10.0), "slots", "c:"), (TokenBucket(1, 5), "global", "all")]
+
+    def otherwise(key: str) -> str:
+        return "decided the long way for " + key
+
+    assert store.keyed_hitter(leased, 1.0, otherwise, (0,)) is otherwise
+    assert store.keyed_hitter(leased[1:], 0.0, otherwise, ()) is otherwise

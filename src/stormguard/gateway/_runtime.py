@@ -98,6 +98,9 @@ class CompiledRoute:
     idempotency: Any = None  # the IdempotencyMiddleware of the route, built on first use
     stages: tuple[Any, ...] = ()  # the request chain's stages for it (chain.stages_of), once
     direct: tuple[Any, ...] = ()  # those of them a direct exchange runs (chain.stages_of)
+    # RuleSet.client_hitter(client_of): the limits of a request by its client key, in
+    # one call, for a client not kept per connection (None: decided the general way)
+    client_limits: Any = None
 
     def matches(self, path: str, method: str, host: str | None) -> bool:
         """Prefix (segment-aware), methods and host match."""
@@ -239,6 +242,7 @@ class Runtime:
             websocket=route.websocket,
             leased=leased,
             classify=classify,
+            client_limits=None if ruleset is None else ruleset.client_hitter(client_of),
         )
 
     def _shadow_hook(self, route: str) -> Any:

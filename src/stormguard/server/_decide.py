@@ -42,7 +42,7 @@ from ..stores import MemoryStore, from_url
 from ..stores._lease import LeaseTable
 from ..stores._pending import Pending, done
 from ._plan import NOTHING, Entry, Plan, Shadowed, shadow_refusals, shadowed
-from ._rules import ClientAddress, KeyFunc, RequestView, Rule, compile_key
+from ._rules import CALLABLE_PREFIX, ClientAddress, KeyFunc, RequestView, Rule, compile_key
 
 __all__ = [
     "RuleSet",
@@ -382,6 +382,33 @@ class RuleSet:
         the same limits again and again (a connection's one client): the store's
         group hitter, which answers None at once when every limit admits."""
         return self.store.group_hitter(limits, self._plain_cost, lambda: self.refusal_of(limits))  # type: ignore[no-any-return]
+
+    def client_hitter(self, client: Any) -> Callable[[str], Decision | None] | None:
+        """:meth:`refusal` as ``hit(key)`` for rules each keyed by ``client`` (one key
+        callable: the request's client, ``key`` what it returns) or ``"global"``, on
+        the plain path: the store's keyed hitter, built once for every client (None
+        when the rules are keyed otherwise, or there is no plain path)."""
+        if self._plain is None:
+            return None
+        limits = []
+        per_hit = []
+        for index, rule in enumerate(self.rules):
+            if rule.key is client:
+                limits.append((rule.algorithm, rule.name, CALLABLE_PREFIX))
+                per_hit.append(index)
+            elif rule.key == "global":
+                limits.append((rule.algorithm, rule.name, "global"))
+            else:
+                return None
+
+        def otherwise(key: str) -> Decision | None:
+            keyed = [
+                (algorithm, name, prefix + key if index in per_hit else prefix)
+                for index, (algorithm, name, prefix) in enumerate(limits)
+            ]
+            return self.refusal_of(keyed)
+
+        return self.store.keyed_hitter(limits, self._plain_cost, otherwise, tuple(per_hit))  # type: ignore[no-any-return]
 
     def decide(self, view: RequestView, method: str, path: str) -> Decision | None:
         """Sync twin of :meth:`adecide` (on a MemoryStore, for async limiters too:

@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 # Algorithms a `sync` (approximate) rule may use: those with one-string state.
+# What a callable key's value is prefixed with in a store key ("fn:" + its value).
+CALLABLE_PREFIX = "fn:"
 _APPROXIMATE = ("fixed_window", "gcra", "sliding_window_counter", "token_bucket")
 _UNITS = {
     "s": 1.0,
@@ -205,7 +207,7 @@ def compile_key(spec: KeySpec, address: ClientAddress | None = None) -> KeyFunc:
 
         def by_callable(view: RequestView) -> str | None:
             value = custom(view.raw)
-            return None if value is None else f"fn:{value}"
+            return None if value is None else f"{CALLABLE_PREFIX}{value}"
 
         return by_callable
     if not isinstance(spec, str):

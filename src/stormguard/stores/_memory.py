@@ -32,7 +32,7 @@ from ..core._limiters import (
     check_cost,
     decide_group,
 )
-from ._memory_fast import Table, group_hitter, inlined_hitter
+from ._memory_fast import Table, group_hitter, inlined_hitter, keyed_hitter
 
 __all__ = ["MemoryStore"]
 
@@ -267,6 +267,21 @@ class MemoryStore:
         hit from the start (nothing was taken)."""
         table = Table(self._data, self._lock, self._put, self._monotonic, self.max_keys)
         return group_hitter(table, limits, cost, otherwise)
+
+    def keyed_hitter(
+        self,
+        limits: Sequence[tuple[Algorithm, str, str]],
+        cost: float,
+        otherwise: Callable[[str], T],
+        per_hit: Sequence[int],
+    ) -> Callable[[str], T | None]:
+        """:meth:`group_hitter` for limits some of which are keyed per hit (a
+        per-client and a global limit, for requests of ever other clients):
+        ``hit(key)``, the key of each limit at an index in ``per_hit`` being its
+        given key followed by ``key``; ``otherwise(key)`` decides what does not
+        simply pass (nothing was taken then)."""
+        table = Table(self._data, self._lock, self._put, self._monotonic, self.max_keys)
+        return keyed_hitter(table, limits, cost, otherwise, per_hit)
 
     async def adecide(self, requests: Sequence[LimitRequest]) -> list[Decision]:
         """:meth:`decide` for async limiters (never blocks the loop on I/O)."""

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ..core._limiters import EPSILON, GCRA, Algorithm, Concurrency, Decision, TokenBucket
 
-__all__ = ["Table", "group_hitter", "inlined_hitter"]
+__all__ = ["Table", "group_hitter", "inlined_hitter", "keyed_hitter"]
 
 FastHit = Callable[..., Decision]
 T = TypeVar("T")
@@ -139,6 +139,97 @@ def _pair_hitter(
                         put(key_b, b[0], reset, now)
                     return None
         return otherwise()
+
+    return hit
+
+
+def keyed_hitter(
+    table: Table,
+    limits: Sequence[tuple[Algorithm, str, str]],
+    cost: float,
+    otherwise: Callable[[str], T],
+    per_hit: Sequence[int],
+) -> Callable[[str], T | None]:
+    """:func:`group_hitter` for limits of which some are keyed per hit: ``hit(key)``,
+    where the key of each limit at an index in ``per_hit`` is its given key (a
+    prefix) followed by ``key``, and the others' are as given. The same steps,
+    decisions and writes; ``otherwise(key)`` decides what does not simply pass."""
+    if not cost > 0 or any(type(algorithm) is Concurrency for algorithm, _, _ in limits):
+        return otherwise
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
+    move_to_end = data.move_to_end
+    steps = tuple(
+        (name + "\x00" + key, index in per_hit, algorithm.advance)
+        for index, (algorithm, name, key) in enumerate(limits)
+    )
+    if len(steps) == 2 and steps[0][1] and not steps[1][1]:
+        return _keyed_pair_hitter(table, steps, cost, otherwise)
+
+    def hit(key: str) -> T | None:
+        with lock:
+            now = monotonic()
+            admitted = []
+            for skey, keyed, advance in steps:
+                if keyed:
+                    skey += key
+                entry = data.get(skey)
+                state = None if entry is None or entry[0] <= now else entry[1]
+                outcome = advance(state, now, cost)
+                if not outcome[1]:
+                    break
+                admitted.append((skey, outcome[0], outcome[3]))
+            else:
+                for skey, new, reset in admitted:  # (group_hitter's writes)
+                    if reset > 0 and skey in data:
+                        data[skey] = (now + reset, new)
+                        move_to_end(skey)
+                    else:
+                        put(skey, new, reset, now)
+                return None
+        return otherwise(key)
+
+    return hit
+
+
+def _keyed_pair_hitter(
+    table: Table,
+    steps: tuple[tuple[str, bool, Callable[..., Any]], ...],
+    cost: float,
+    otherwise: Callable[[str], T],
+) -> Callable[[str], T | None]:
+    # keyed_hitter's hit for a limit keyed per hit and a fixed one (a gateway's
+    # per-client and global pair, for a connection whose every request may be
+    # another client's), written out as _pair_hitter is.
+    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
+    get, move_to_end = data.get, data.move_to_end
+    (prefix_a, _, advance_a), (key_b, _, advance_b) = steps
+
+    def hit(key: str) -> T | None:
+        key_a = prefix_a + key
+        with lock:
+            now = monotonic()
+            entry_a = get(key_a)
+            a = advance_a(None if entry_a is None or entry_a[0] <= now else entry_a[1], now, cost)
+            if a[1]:
+                entry_b = get(key_b)
+                b = advance_b(
+                    None if entry_b is None or entry_b[0] <= now else entry_b[1], now, cost
+                )
+                if b[1]:
+                    reset = a[3]
+                    if reset > 0 and entry_a is not None and key_a in data:
+                        data[key_a] = (now + reset, a[0])
+                        move_to_end(key_a)
+                    else:
+                        put(key_a, a[0], reset, now)
+                    reset = b[3]
+                    if reset > 0 and key_b in data:
+                        data[key_b] = (now + reset, b[0])
+                        move_to_end(key_b)
+                    else:
+                        put(key_b, b[0], reset, now)
+                    return None
+        return otherwise(key)
 
     return hit
 

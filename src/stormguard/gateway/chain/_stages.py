@@ -166,6 +166,12 @@ class LimitsStage(Stage):
         cached = proto.limits_known if proto is not None else None
         if ex.steady and cached is not None and cached[0] is rules:
             decision = cached[1]()
+        elif ex.route.client_limits is not None and not (
+            proto is not None and (ex.steady or ex.rt.identity.per_connection)
+        ):
+            # a client that is not kept (by headers, another on each request, as
+            # 100k clients are): its limits by its key, no view, no key functions
+            decision = ex.route.client_limits(ex.key)
         else:
             scope = ex.scope
             view = ex.view = ex.view or ScopeView(scope)
