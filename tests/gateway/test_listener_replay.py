@@ -393,3 +393,37 @@ def test_a_header_the_parser_or_listener_reads_is_never_a_slot(name: bytes, spec
     served = asyncio.run(_serve(Counting, reads))
     assert Counting.replays == 0
     assert served == asyncio.run(_serve(Parsing, reads))
+
+
+def test_a_long_head_is_parsed_every_time() -> None:
+    """A head longer than the replay's bound (4 KiB) is never kept: each read of it
+    is parsed (a connection holds no more than that for replay)."""
+    from stormguard.gateway.http import _listener
+
+    long = KEYED.replace(b"X-Key: k1", b"X-Key: " + b"v" * _listener._REPLAY_MAX)
+    reads = [long, long, long]
+
+    async def serve(cls: type[Listener]) -> tuple[Any, ...]:
+        seen: list[tuple[Any, ...]] = []
+        config = ListenerSettings(_recording_app(seen))  # the default caps (32 KiB)
+        proto = cls(config)
+        transport = FakeTransport()
+        proto.connection_made(transport)  # type: ignore[arg-type]
+        for data in reads:
+            proto.data_received(data)
+            for _ in range(10):
+                await asyncio.sleep(0)
+        config.outbox.flush()
+        proto.connection_lost(None)
+        if config.sweeper is not None:
+            config.sweeper.cancel()
+        return seen, bytes(transport.written)
+
+    Counting.replays = Counting.fed = 0
+    seen, written = asyncio.run(serve(Counting))
+    assert (Counting.fed, Counting.replays) == (3, 0)
+    assert len(seen) == 3 and written.count(b"HTTP/1.1 200 OK") == 3
+    short = [KEYED, KEYED]
+    Counting.replays = 0
+    asyncio.run(_serve(Counting, short))
+    assert Counting.replays == 1

@@ -63,6 +63,9 @@ _NOTED = frozenset(
 )
 _HIGH_WATER = 65536  # request body bytes held before reading pauses
 _REPLAY_TRIES = 4  # heads kept for replay, in a row with none replayed, before giving up
+# The longest read kept for replay: a connection holds at most this much more (a
+# longer head, rare, is parsed every time; requests of SDKs take 0.3-2 KiB).
+_REPLAY_MAX = 4096
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
@@ -337,6 +340,7 @@ class Listener(asyncio.Protocol):
         if (
             noted is not None
             and self.completed == completed + 1
+            and len(data) <= _REPLAY_MAX
             and data.find(b"\n\r\n") == len(data) - 3
             and data.find(b"\n\n") < 0
         ):
