@@ -20,11 +20,14 @@
 # construction). Anything else -- a limit that refuses, a lease to take
 # (Concurrency), a cost that takes nothing -- goes to the caller's `otherwise`,
 # which decides the hit from the start: the quick pass has written nothing.
+# `keyed_hitter` is the one implementation: some limits' keys may be given per hit
+# (a new client's), and `group_hitter` is it with none.
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 from ..core._limiters import EPSILON, GCRA, Algorithm, Concurrency, Decision, TokenBucket
@@ -69,78 +72,10 @@ def group_hitter(
     ``otherwise()`` (nothing was written; it decides the hit itself)."""
     if not cost > 0 or any(type(algorithm) is Concurrency for algorithm, _, _ in limits):
         return otherwise
-    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
-    get, move_to_end = data.get, data.move_to_end
-    steps = tuple((name + "\x00" + key, algorithm.advance) for algorithm, name, key in limits)
-    if len(steps) == 2:
-        return _pair_hitter(table, steps, cost, otherwise)
-
-    def hit() -> T | None:
-        with lock:
-            now = monotonic()
-            admitted = []
-            for skey, advance in steps:
-                entry = get(skey)
-                state = None if entry is None or entry[0] <= now else entry[1]
-                outcome = advance(state, now, cost)
-                if not outcome[1]:
-                    break
-                admitted.append((skey, outcome[0], outcome[3]))
-            else:
-                # MemoryStore.hit_many's writes: a key in the table in place, else
-                # _put (looked up again: an earlier _put may have evicted it).
-                for skey, new, reset in admitted:
-                    if reset > 0 and skey in data:
-                        data[skey] = (now + reset, new)
-                        move_to_end(skey)
-                    else:
-                        put(skey, new, reset, now)
-                return None
-        return otherwise()
-
-    return hit
-
-
-def _pair_hitter(
-    table: Table,
-    steps: tuple[tuple[str, Callable[..., Any]], ...],
-    cost: float,
-    otherwise: Callable[[], T],
-) -> Callable[[], T | None]:
-    # group_hitter's hit for two limits (a gateway's per-client and global pair),
-    # its loops written out: the same steps, decisions and writes.
-    data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
-    get, move_to_end = data.get, data.move_to_end
-    (key_a, advance_a), (key_b, advance_b) = steps
-
-    def hit() -> T | None:
-        with lock:
-            now = monotonic()
-            entry_a = get(key_a)
-            a = advance_a(None if entry_a is None or entry_a[0] <= now else entry_a[1], now, cost)
-            if a[1]:
-                entry_b = get(key_b)
-                b = advance_b(
-                    None if entry_b is None or entry_b[0] <= now else entry_b[1], now, cost
-                )
-                if b[1]:
-                    # (as group_hitter's writes: in place while in the table)
-                    reset = a[3]
-                    if reset > 0 and key_a in data:
-                        data[key_a] = (now + reset, a[0])
-                        move_to_end(key_a)
-                    else:
-                        put(key_a, a[0], reset, now)
-                    reset = b[3]
-                    if reset > 0 and key_b in data:
-                        data[key_b] = (now + reset, b[0])
-                        move_to_end(key_b)
-                    else:
-                        put(key_b, b[0], reset, now)
-                    return None
-        return otherwise()
-
-    return hit
+    # keyed_hitter with no limit keyed per hit: the same steps, decisions and writes
+    # (calling the partial adds no Python frame).
+    keyed = keyed_hitter(table, limits, cost, lambda _key: otherwise(), ())
+    return partial(keyed, "")
 
 
 def keyed_hitter(
@@ -162,7 +97,7 @@ def keyed_hitter(
         (name + "\x00" + key, index in per_hit, algorithm.advance)
         for index, (algorithm, name, key) in enumerate(limits)
     )
-    if len(steps) == 2 and steps[0][1] and not steps[1][1]:
+    if len(steps) == 2 and not steps[1][1]:
         return _keyed_pair_hitter(table, steps, cost, otherwise)
 
     def hit(key: str) -> T | None:
@@ -197,15 +132,16 @@ def _keyed_pair_hitter(
     cost: float,
     otherwise: Callable[[str], T],
 ) -> Callable[[str], T | None]:
-    # keyed_hitter's hit for a limit keyed per hit and a fixed one (a gateway's
-    # per-client and global pair, for a connection whose every request may be
-    # another client's), written out as _pair_hitter is.
+    # keyed_hitter's hit for two limits, the second's key fixed (a gateway's
+    # per-client and global pair: keyed per hit for a connection whose every
+    # request may be another client's, or not, for group_hitter), its loop written
+    # out: the same steps, decisions and writes.
     data, lock, put, monotonic = table.data, table.lock, table.put, table.monotonic
     get, move_to_end = data.get, data.move_to_end
-    (prefix_a, _, advance_a), (key_b, _, advance_b) = steps
+    (prefix_a, keyed_a, advance_a), (key_b, _, advance_b) = steps
 
     def hit(key: str) -> T | None:
-        key_a = prefix_a + key
+        key_a = prefix_a + key if keyed_a else prefix_a
         with lock:
             now = monotonic()
             entry_a = get(key_a)

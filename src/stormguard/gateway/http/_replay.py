@@ -30,7 +30,7 @@ __all__ = ["Patch", "head_patch"]
 Patch = tuple["re.Pattern[bytes]", tuple[int, ...]]
 
 _VALUE = re.compile(rb"[!-~]+")
-_SLOT = rb"([!-~]+)"  # (its first CR LF ends a value: the next piece starts there)
+_SLOT = b"(" + _VALUE.pattern + b")"  # (a value's first CR LF starts the next piece)
 _READ = frozenset(
     {
         b"host",
