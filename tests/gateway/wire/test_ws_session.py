@@ -151,6 +151,18 @@ async def serve() -> AsyncIterator[Serve]:
     for listening in started:
         listening.close()
         await listening.wait_closed()
+    # Each session's app is told the connection is gone and given time to return;
+    # one that ignores the disconnect is cancelled. None is left pending: a pending
+    # task outlives the loop and is garbage-collected (and logged) in a later test.
+    for server in servers:
+        for session in server.sessions:
+            session.transport.abort()
+        tasks = [s.task for s in server.sessions if s.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=5)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def until(condition: Callable[[], bool], within: float = 5.0) -> None:

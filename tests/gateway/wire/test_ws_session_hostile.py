@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import logging
 import struct
 from collections.abc import Iterator
@@ -84,7 +85,13 @@ class Collect(logging.Handler):
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """One event loop for every example of a hypothesis test."""
+    """One event loop for every example of a hypothesis test.
+
+    Garbage an earlier test in this process left is collected first, so that what
+    the examples' log collector sees is theirs (a pending task destroyed later is
+    logged wherever the collector happens to run).
+    """
+    gc.collect()
     loop = asyncio.new_event_loop()
     yield loop
     loop.close()
