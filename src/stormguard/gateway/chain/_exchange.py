@@ -54,6 +54,19 @@ class _NoEvent:
 
 _NO_EVENT = _NoEvent()
 
+# Exchange.__init__'s starting values, in its order.
+_FRESH: tuple[Any, ...] = (
+    *("allowed", 0, "", "", ""),  # outcome, status, client, rule, upstream
+    *(False, False, 0),  # gone, done, at
+    *(None, None, None, None),  # route, pool, key, view
+    *(False, None, False),  # steady, decision, reached
+    *(None, None, False, None, None),  # held, ticket, admitted, permit, target
+    *(0.0, False, False, False, b"", None),  # sent ... body, response
+    *(("GET", b"/", b""), None, b"", False, False),  # request, resend, head, whole, chunked
+    *(None, False),  # waiting, finished
+    *(None, None, None),  # receive, send, cycle
+)
+
 
 class Exchange:
     """One request: the stages' findings, the books, and the answer (module comment)."""
@@ -108,6 +121,35 @@ class Exchange:
         "waiting",
         "whole",
     )
+    # (the types of the fields __init__ sets from _FRESH)
+    outcome: str
+    client: str
+    rule: str
+    upstream: str
+    status: int
+    at: int
+    sent: float
+    head: bytes
+    body: bytes
+    gone: bool
+    done: bool
+    steady: bool
+    reached: bool
+    admitted: bool
+    response_complete: bool
+    disconnected: bool
+    more_body: bool
+    whole: bool
+    chunked: bool
+    finished: bool
+    route: CompiledRoute
+    pool: UpstreamPool
+    held: Held | None
+    permit: Permit | None
+    response: H1Response | None
+    request: tuple[str, bytes, bytes]
+    resend: asyncio.Task[None] | None
+    waiting: asyncio.Task[None] | None
 
     def __init__(
         self,
@@ -118,48 +160,55 @@ class Exchange:
         host: bytes | None,
         stages: tuple[Any, ...],
     ) -> None:
-        self.outcome, self.status, self.client, self.rule, self.upstream = "allowed", 0, "", "", ""
-        self.gone = self.done = False
         self.proto, self.scope, self.keep_alive = proto, scope, keep_alive
         self.method = scope["method"]
-        self.rt = rt
-        self.host = host
-        self.stages = stages
-        self.at = 0  # the stage waiting on a future
-        self.route: CompiledRoute = None  # type: ignore[assignment]  # (the route stage's)
-        self.pool: UpstreamPool = None  # type: ignore[assignment]
-        self.key: Any = None
-        self.view: Any = None  # the request as the rules read it, made when asked
-        self.steady = False  # the connection's client, known from its last request
-        self.decision: Any = None  # a Concurrency limit's decision (its lease)
-        self.reached = False  # the ASGI leg's attempts went to the upstream
-        # What the request holds of the upstream: the Held the pool's methods gave,
-        # else (None) the exchange holds it itself (a Holder): the ticket of the
-        # pool's lock-free gate (UpstreamPool.enter), and the bulkhead slot.
-        self.held: Held | None = None
-        self.ticket: Any = None
-        self.admitted = False
-        self.permit: Permit | None = None
-        self.target: Any = None
+        self.rt, self.host, self.stages = rt, host, stages
         self.started = perf_counter()
-        self.sent = 0.0
-        self.response_complete = self.disconnected = False
-        self.more_body = False
-        self.body = b""
-        self.response: H1Response | None = None
-        self.request: tuple[str, bytes, bytes] = ("GET", b"/", b"")  # method, target, lines
-        self.resend: asyncio.Task[None] | None = None  # the one resend, if it came to that
-        self.head = b""  # the answer's head, until it goes out with the first body bytes
-        self.whole = False  # the answer is small: its body goes out in one write
-        self.chunked = False  # the answer's body is framed here (its length is unknown)
         self.pending: list[bytes] = []
         self.on_lost: Any = self.lost
-        self.waiting: asyncio.Task[None] | None = None  # a stage's coroutine, running
-        self.finished = False
-        # The ASGI leg (None on a direct exchange).
-        self.receive: Any = None
-        self.send: Any = None
-        self.cycle: Any = None
+        # The rest start alike on every request: one tuple, unpacked.
+        (
+            self.outcome,
+            self.status,
+            self.client,
+            self.rule,
+            self.upstream,
+            self.gone,
+            self.done,
+            self.at,  # the stage waiting on a future
+            self.route,  # (the route stage's)
+            self.pool,
+            self.key,
+            self.view,  # the request as the rules read it, made when asked
+            self.steady,  # the connection's client, known from its last request
+            self.decision,  # a Concurrency limit's decision (its lease)
+            self.reached,  # the ASGI leg's attempts went to the upstream
+            # What the request holds of the upstream: the Held the pool's methods
+            # gave, else (None) the exchange holds it itself (a Holder): the ticket
+            # of the pool's lock-free gate (UpstreamPool.enter), and the bulkhead slot.
+            self.held,
+            self.ticket,
+            self.admitted,
+            self.permit,
+            self.target,
+            self.sent,
+            self.response_complete,
+            self.disconnected,
+            self.more_body,
+            self.body,
+            self.response,
+            self.request,  # method, target, lines
+            self.resend,  # the one resend, if it came to that
+            self.head,  # the answer's head, until it goes out with the first body bytes
+            self.whole,  # the answer is small: its body goes out in one write
+            self.chunked,  # the answer's body is framed here (its length is unknown)
+            self.waiting,  # a stage's coroutine, running
+            self.finished,
+            # The ASGI leg (None on a direct exchange).
+            self.receive,
+            self.send,
+            self.cycle,
+        ) = _FRESH
 
     # -- the drivers' hooks -----------------------------------------------------------
 
