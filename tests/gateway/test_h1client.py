@@ -280,6 +280,14 @@ def writes(answer: bytes) -> Script:
         ),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEVIL", 200, b"ok"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok\x00garbage", 200, b"ok"),
+        # the start of a second answer whose first bytes call no parser callback
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 2", 200, b"ok"),
+        (b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 2", 204, b""),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokH",
+            200,
+            b"ok",
+        ),
         (b"HTTP/1.1 204 No Content\r\ncontent-length: 4\r\n\r\nEVIL", 204, b""),
         (b"HTTP/1.1 304 Not Modified\r\ncontent-length: 4\r\n\r\nEVIL", 304, b""),
         (

@@ -31,7 +31,7 @@ import logging
 import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -262,6 +262,13 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.endpoint = endpoint
         self.transport: asyncio.Transport | None = None
+        # A message that begins after the answer ended, in the same read: its first
+        # bytes may call no other callback (a status line cut short). The set holds
+        # a mark from the moment the answer ends; llhttp's on_message_begin empties
+        # it (a C method: no Python frame per answer). Set before the parser, which
+        # looks its callbacks up once.
+        self.after_end: set[None] = set()
+        self.on_message_begin: Callable[[], None] = self.after_end.clear
         self.parser = httptools.HttpResponseParser(self)
         self.response: H1Response | None = None
         self.headers_ready: asyncio.Future[None] | None = None
@@ -328,6 +335,8 @@ class _Connection(asyncio.Protocol):
                 return
             self.beyond = True  # garbage (or a second answer) after the complete one
         if self.ended:
+            if not self.after_end:  # another message began after it
+                self.beyond = True
             self._complete()
         elif not response.complete:  # still due: the silence is counted from now
             self.last_read = self.pool.loop.time()
@@ -439,6 +448,7 @@ class _Connection(asyncio.Protocol):
             # exchange gets a fresh one.
             self.parser = httptools.HttpResponseParser(self)
             self.ended = True
+            self.after_end.add(None)
 
     def on_body(self, body: bytes) -> None:
         if self.ended:
@@ -459,6 +469,7 @@ class _Connection(asyncio.Protocol):
         if response is None or response.status == 0 or self.ended:
             return
         self.ended = True
+        self.after_end.add(None)
 
     def _complete(self) -> None:
         # The final answer is complete (ended): deliver its end; bytes beyond it

@@ -57,6 +57,9 @@ CASES: dict[str, Case] = {
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEVIL-ANSWER",), 200, b"ok", closes=True
     ),
     "garbage_after_answer": Case((OK + b"\x00\x01garbage",), 200, b"hello", closes=True),
+    # the first bytes of a second answer (a status line cut short calls no parser
+    # callback) in the same write as the first
+    "second_answer_begun_same_write": Case((OK + b"HTTP/1.1 2",), 200, b"hello", closes=True),
     "second_answer_next_write": Case((OK, EVIL), 200, b"hello", closes=True),
     "body_shorter_small": Case((b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", CLOSE), 502),
     "body_shorter_large": Case(
