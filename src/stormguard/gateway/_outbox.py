@@ -32,13 +32,14 @@ __all__ = ["Outbox"]
 class Outbox:
     """Writes of one loop pass, sent at the loop's next turn (one per listener)."""
 
-    __slots__ = ("_call_soon", "_held")
+    __slots__ = ("_call_soon", "_flush", "_held")
 
     def __init__(self) -> None:
         self._held: list[tuple[Any, bytes]] = []
         # The loop's call_soon, found once: a listener serves on one loop, and on
         # Python 3.11 asyncio.get_running_loop() costs a getpid() syscall.
         self._call_soon: Any = None
+        self._flush = self.flush  # bound once, not on every pass
 
     def write(self, transport: Any, data: bytes) -> None:
         """Send ``data`` on ``transport`` once this pass's callbacks have run."""
@@ -48,10 +49,10 @@ class Outbox:
             if call_soon is None:
                 call_soon = self._call_soon = asyncio.get_running_loop().call_soon
             try:
-                call_soon(self.flush)
+                call_soon(self._flush)
             except RuntimeError:  # the loop it was found on has closed: this one's
                 call_soon = self._call_soon = asyncio.get_running_loop().call_soon
-                call_soon(self.flush)
+                call_soon(self._flush)
         held.append((transport, data))
 
     def flush(self) -> None:
