@@ -56,6 +56,7 @@ __all__ = [
 
 _NO_CHUNKS: deque[bytes] = deque(maxlen=0)  # shared, always empty (see H1Response)
 _HIGH_WATER = 256 * 1024  # buffered answer bytes before the upstream socket is paused
+_KEEP_MAX = 4096  # the longest read kept to be recognised again (one per connection)
 
 
 def _keyed(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -288,6 +289,13 @@ class _Connection(asyncio.Protocol):
         self.fd = -1  # the socket's descriptor (the idle check)
         self.poller: select.poll | None = None  # its poll(2) set, made once (quiet)
         self.framing: Any = None  # the last answer's framing (on_headers_complete)
+        # The last read, when it held exactly one whole answer framed by its length
+        # and read from between two answers: (bytes, status, fields, body, HEAD?).
+        # The same bytes again, from the same place, are that answer again (below).
+        self.kept: tuple[bytes, int, tuple[tuple[bytes, bytes], ...], bytes, bool] | None = None
+        self.replayed_status = 0  # a replayed answer's status (0: ask the parser)
+        self.last_body = b""  # the body the last on_body of this read delivered
+        self.interim_seen = False  # this answer had an interim one before it
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -321,7 +329,19 @@ class _Connection(asyncio.Protocol):
             # answer: a confused upstream. Never handed to the next request.
             self.close()
             return
-        self.received = True
+        kept = self.kept
+        if not self.received:  # the answer's first bytes: the parser is between answers
+            self.received = True
+            if kept is not None and kept[0] == data and kept[4] is self.head_request:
+                self._replay(kept)
+                return
+            self.kept = None
+            self.interim_seen = False
+            self.last_body = b""
+            fresh = True
+        else:
+            self.kept = None
+            fresh = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -337,6 +357,8 @@ class _Connection(asyncio.Protocol):
         if self.ended:
             if not self.after_end:  # another message began after it
                 self.beyond = True
+            elif fresh and len(data) <= _KEEP_MAX:
+                self._keep(data, response)
             self._complete()
         elif not response.complete:  # still due: the silence is counted from now
             self.last_read = self.pool.loop.time()
@@ -387,12 +409,12 @@ class _Connection(asyncio.Protocol):
             raise _Beyond
         response = self.response
         assert response is not None
-        status = self.parser.get_status_code()
+        status = self.replayed_status or self.parser.get_status_code()
         if status == 101:  # never asked for: llhttp raises HttpParserUpgrade next
             return
         if 100 <= status < 200:  # interim answer: dropped, wait for the real one
             response.raw_headers = self.headers = []
-            self.interim = True
+            self.interim = self.interim_seen = True
             return
         response.status = status
         # Reused only after an HTTP/1.1 answer without "Connection: close" whose end
@@ -453,6 +475,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.ended:
             raise _Beyond
+        self.last_body = body
         response = self.response
         if response is not None:
             sink = response.sink
@@ -470,6 +493,49 @@ class _Connection(asyncio.Protocol):
             return
         self.ended = True
         self.after_end.add(None)
+
+    # -- an answer read again ----------------------------------------------------------
+    #
+    # An upstream that answers alike sends the same bytes again (its Date changes once
+    # a second). A read that held exactly one whole answer -- read from between two
+    # answers, framed by its Content-Length, body and all, with nothing after it, no
+    # interim answer before it, kept alive -- is kept with what llhttp made of it.
+    # When the next answer's first read is the same bytes, it is not parsed again:
+    # llhttp would make the same of the same bytes from the same place, and end where
+    # it stands, between two answers. The callbacks then run as the parser would call
+    # them, with the kept fields, status and body. Any other read on the connection
+    # drops what was kept.
+
+    def _keep(self, data: bytes, response: H1Response) -> None:
+        length = response.content_length
+        status = response.status
+        if (
+            length is not None
+            and length == len(self.last_body)
+            and response.keep_alive
+            and not self.beyond
+            and not self.interim_seen
+            and not self.until_eof
+            and not self.head_request
+            and status not in _NO_BODY_STATUS
+        ):
+            self.kept = (data, status, tuple(response.raw_headers), self.last_body, False)
+
+    def _replay(
+        self, kept: tuple[bytes, int, tuple[tuple[bytes, bytes], ...], bytes, bool]
+    ) -> None:
+        _, status, fields, body, _ = kept
+        self.headers += fields
+        self.replayed_status = status
+        try:
+            self.on_headers_complete()
+        finally:
+            self.replayed_status = 0
+        if body:
+            self.on_body(body)
+        self.on_message_complete()
+        if self.ended:  # (not when the exchange let go of the answer meanwhile)
+            self._complete()
 
     def _complete(self) -> None:
         # The final answer is complete (ended): deliver its end; bytes beyond it

@@ -277,3 +277,149 @@ def test_framing_agrees_with_h11(
         assert not mine.complete, data
         return
     assert mine == theirs, data
+
+
+# -- an answer read again: the replaying connection reads as one that parses ----------------
+
+
+class Parsing(_Connection):
+    """A connection that keeps no read: every answer goes through llhttp."""
+
+    def _keep(self, data: bytes, response: H1Response) -> None:
+        pass
+
+
+class Counting(_Connection):
+    """A connection that counts the answers it did not parse."""
+
+    replays = 0
+
+    def _replay(self, kept: Any) -> None:
+        Counting.replays += 1
+        super()._replay(kept)
+
+
+def exchanges(
+    loop: asyncio.AbstractEventLoop, kind: type[_Connection], script: list[tuple[str, list[bytes]]]
+) -> list[tuple[Reading, bool]]:
+    """Each exchange of ``script`` (method, reads) on one connection of ``kind``: what
+    its sink read and whether the connection could be reused after it; the script
+    ends where the connection does."""
+    pool = H1Pool(4, Timeout())
+    pool.loop = loop
+    pool._started = True
+    endpoint = pool._endpoint(BASE)
+    conn = kind(pool, endpoint)
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    pool._all.add(conn)
+    pool.open += 1
+    seen = []
+    for method, reads in script:
+        sink = Sink()
+        response = H1Response(conn, sink)
+        if endpoint.idle:
+            endpoint.idle.remove(conn)
+        conn.begin(response, method == "HEAD", 10.0, None)
+        for data in reads:
+            if transport.closed:
+                break
+            conn.data_received(data)
+        reading = sink.reading
+        if sink.error is not None:
+            reading.complete = False
+        reusable = conn in endpoint.idle and not transport.closed
+        seen.append((reading, reusable))
+        if not reusable:
+            break
+    if pool._sweeper is not None:
+        pool._sweeper.cancel()
+    return seen
+
+
+def _alike(date: int, body: bytes = b"hello", extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nserver: up\r\ndate: Mon, 07 Dec 2026 15:00:%02d GMT\r\n"
+        b"content-length: %d\r\n%s\r\n%s" % (date, len(body), extra, body)
+    )
+
+
+# Answers an upstream sends again and again, and the ones that break the pattern.
+REPEATED = st.sampled_from(
+    [
+        _alike(0),
+        _alike(0),
+        _alike(1),
+        _alike(0, b""),
+        _alike(0, b"other"),
+        _alike(0, extra=b"x-extra: 1\r\n"),
+        _alike(0) + b"\r\n",  # an empty line after it (llhttp skips it)
+        _alike(0) + b"HTTP/1.1 2",  # the start of another answer
+        _alike(0) + b"EVIL",
+        _alike(0)[:-2],  # short: the rest comes in the next read (or never)
+        b"lo",  # that rest alone, as if it were a whole answer
+        b"hello",  # a body alone
+        b"HTTP/1.1 100 Continue\r\n\r\n" + _alike(0),
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 500 Oops\r\ncontent-length: 2\r\n\r\nno",
+    ]
+)
+
+
+@st.composite
+def scripts(draw: st.DrawFn) -> list[tuple[str, list[bytes]]]:
+    out = []
+    for _ in range(draw(st.integers(1, 8))):
+        method = draw(st.sampled_from(["GET", "GET", "GET", "HEAD"]))
+        data = draw(REPEATED)
+        cuts = draw(st.one_of(st.just([]), st.just([]), st.lists(st.integers(0, 120), max_size=2)))
+        reads = _split(data, cuts)
+        if data == _alike(0)[:-2]:
+            reads.append(b"lo")  # the rest of it
+        out.append((method, reads))
+    return out
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=scripts())
+@example([("GET", [_alike(0)]), ("GET", [_alike(0)]), ("HEAD", [_alike(0)])])
+@example([("GET", [_alike(0)]), ("GET", [_alike(0) + b"HTTP/1.1 2"]), ("GET", [_alike(0)])])
+@example([("GET", [_alike(0)[:-5], b"hello"]), ("GET", [b"hello"])])  # (a body alone)
+def test_an_answer_read_again_reads_as_parsed(
+    loop: asyncio.AbstractEventLoop, script: list[tuple[str, list[bytes]]]
+) -> None:
+    """Answers not parsed again (the same bytes as the last one kept) give each exchange
+    the same status, fields, body, end and reuse as parsing every one."""
+    replayed = exchanges(loop, Counting, script)
+    parsed = exchanges(loop, Parsing, script)
+    assert replayed == parsed
+
+
+def test_the_same_answer_again_is_not_parsed_again(loop: asyncio.AbstractEventLoop) -> None:
+    """The second and later copies of an answer kept are replayed; one that differs,
+    or a first read that is not the whole answer, is parsed (and ends the replay)."""
+    Counting.replays = 0
+    same = [("GET", [_alike(0)])] * 4
+    seen = exchanges(loop, Counting, same)
+    assert Counting.replays == 3
+    assert [(r.status, r.body, reusable) for r, reusable in seen] == [(200, b"hello", True)] * 4
+    Counting.replays = 0
+    split = _alike(0)
+    mixed = [
+        ("GET", [_alike(0)]),
+        ("GET", [_alike(1)]),  # another Date: parsed, kept in its place
+        ("GET", [_alike(1)]),  # replayed
+        ("GET", [split[:10], split[10:]]),  # cut in two: parsed, nothing kept
+        ("GET", [_alike(0)]),  # parsed (nothing was kept), kept
+        ("HEAD", [_alike(0)[: -len(b"hello")]]),  # a HEAD's answer: never from a GET's
+        ("GET", [_alike(0)]),
+    ]
+    seen = exchanges(loop, Counting, mixed)
+    assert len(seen) == len(mixed) and all(reusable for _, reusable in seen)
+    assert Counting.replays == 1
+    assert seen[5][0].body == b"" and seen[6][0].body == b"hello"

@@ -124,6 +124,9 @@ CASES: dict[str, Case] = {
         closes=True,
         method="HEAD",
     ),
+    "other_body": Case(
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nother",), 200, b"other", keeps=True
+    ),
     "head_answer": Case(
         (b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n",), 200, b"", keeps=True, method="HEAD"
     ),
@@ -235,6 +238,21 @@ def test_late_answer_on_an_idle_connection_closes_it(
     for _ in range(3):
         answer = _request(gateway, "GET", f"/{route}/plain?n={next(_N)}")
         assert (answer.status, answer.body) == (200, b"hello")
+
+
+def test_the_same_answer_again_and_another_each_reach_their_client(
+    route: str, gateway: Any, upstream: RawUpstream
+) -> None:
+    """An upstream connection that sends the same bytes again (read again without the
+    parser, _h1client.py) and then other bytes: each request gets its own answer,
+    and the connection stays in the pool."""
+    _warm(gateway, route)
+    for name in ["plain", "plain", "plain", "other_body", "other_body", "plain", "plain"]:
+        target = f"/{route}/{name}?n={next(_N)}"
+        answer = _request(gateway, "GET", target)
+        assert (answer.status, answer.body) == (200, CASES[name].body), name
+        (sent,) = upstream.seen(target)
+        assert not upstream.connections[sent.connection].closed.is_set()
 
 
 def test_concurrent_clients_never_get_each_others_answers(
