@@ -24,6 +24,9 @@
 #   UpstreamError (may have been processed) and ReadTimeout (a TimeoutError);
 # * read timeout = the longest silence while an answer is due; total = the whole
 #   exchange up to the last body byte; both checked by one sweep per pool.
+# * an answer whose first read is byte for byte the last whole answer the
+#   connection read in one piece (length-framed, kept alive, nothing around it) is
+#   that answer again: it is not parsed again (see "an answer read again" below).
 from __future__ import annotations
 
 import asyncio
