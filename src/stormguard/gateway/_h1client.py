@@ -273,6 +273,11 @@ class _Connection(asyncio.Protocol):
         # looks its callbacks up once.
         self.after_end: set[None] = set()
         self.on_message_begin: Callable[[], None] = self.after_end.clear
+        # After the head of an answer to HEAD that says chunked, the parser reads the
+        # rest of the read as chunks: a chunk's size line empties the set too, and a
+        # read that ends inside one (not at a line's end) is beyond the answer.
+        self.on_chunk_header: Callable[[], None] = self.after_end.clear
+        self.head_chunked = False
         self.parser = httptools.HttpResponseParser(self)
         self.response: H1Response | None = None
         self.headers_ready: asyncio.Future[None] | None = None
@@ -358,8 +363,12 @@ class _Connection(asyncio.Protocol):
                 return
             self.beyond = True  # garbage (or a second answer) after the complete one
         if self.ended:
-            if not self.after_end:  # another message began after it
+            if not self.after_end:  # another message (or a chunk) began after it
                 self.beyond = True
+            elif self.head_chunked:
+                self.head_chunked = False
+                if not data.endswith(b"\n"):  # a chunk's size line, cut short
+                    self.beyond = True
             elif fresh and len(data) <= _KEEP_MAX:
                 self._keep(data, response)
             self._complete()
@@ -474,6 +483,7 @@ class _Connection(asyncio.Protocol):
             self.parser = httptools.HttpResponseParser(self)
             self.ended = True
             self.after_end.add(None)
+            self.head_chunked = chunked and head
 
     def on_body(self, body: bytes) -> None:
         if self.ended:

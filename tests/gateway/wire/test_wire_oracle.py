@@ -260,6 +260,10 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 )
 @example(("HEAD", b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL"), [])
 @example(("GET", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 2"), [])
+# an answer to HEAD that says chunked, then chunk framing with no chunk data
+@example(("HEAD", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0"), [])
+@example(("HEAD", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"), [])
+@example(("HEAD", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n"), [])
 @example(
     ("GET", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx: t\r\n\r\n"),
     [50],
