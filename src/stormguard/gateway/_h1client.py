@@ -262,6 +262,41 @@ class H1Response:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to a target, carrying one exchange at a time."""
 
+    # Slots: with this many fields an instance dict cost about 2.5 k instructions
+    # more per request (bench gateway-instructions).
+    __slots__ = (
+        "after_end",
+        "beyond",
+        "closed",
+        "deadline",
+        "drained",
+        "ended",
+        "endpoint",
+        "fd",
+        "framing",
+        "head_chunked",
+        "head_request",
+        "headers",
+        "headers_ready",
+        "http11",
+        "interim",
+        "interim_seen",
+        "kept",
+        "last_body",
+        "last_read",
+        "on_chunk_header",
+        "on_message_begin",
+        "parser",
+        "paused",
+        "poller",
+        "pool",
+        "received",
+        "replayed_status",
+        "response",
+        "transport",
+        "until_eof",
+    )
+
     def __init__(self, pool: H1Pool, endpoint: _Endpoint) -> None:
         self.pool = pool
         self.endpoint = endpoint
