@@ -333,9 +333,9 @@ class _Connection(asyncio.Protocol):
         self.poller: select.poll | None = None  # its poll(2) set, made once (quiet)
         self.framing: Any = None  # the last answer's framing (on_headers_complete)
         # The last read, when it held exactly one whole answer framed by its length
-        # and read from between two answers: (bytes, status, fields, body, HEAD?).
+        # and read from between two answers, not to HEAD: (bytes, status, fields, body).
         # The same bytes again, from the same place, are that answer again (below).
-        self.kept: tuple[bytes, int, tuple[tuple[bytes, bytes], ...], bytes, bool] | None = None
+        self.kept: tuple[bytes, int, tuple[tuple[bytes, bytes], ...], bytes] | None = None
         self.replayed_status = 0  # a replayed answer's status (0: ask the parser)
         self.last_body = b""  # the body the last on_body of this read delivered
         self.interim_seen = False  # this answer had an interim one before it
@@ -375,7 +375,7 @@ class _Connection(asyncio.Protocol):
         kept = self.kept
         if not self.received:  # the answer's first bytes: the parser is between answers
             self.received = True
-            if kept is not None and kept[0] == data and kept[4] is self.head_request:
+            if kept is not None and kept[0] == data and not self.head_request:
                 self._replay(kept)
                 return
             self.kept = None
@@ -567,12 +567,10 @@ class _Connection(asyncio.Protocol):
             and not self.head_request
             and status not in _NO_BODY_STATUS
         ):
-            self.kept = (data, status, tuple(response.raw_headers), self.last_body, False)
+            self.kept = (data, status, tuple(response.raw_headers), self.last_body)
 
-    def _replay(
-        self, kept: tuple[bytes, int, tuple[tuple[bytes, bytes], ...], bytes, bool]
-    ) -> None:
-        _, status, fields, body, _ = kept
+    def _replay(self, kept: tuple[bytes, int, tuple[tuple[bytes, bytes], ...], bytes]) -> None:
+        _, status, fields, body = kept
         self.headers += fields
         self.replayed_status = status
         try:

@@ -86,16 +86,24 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def ours(loop: asyncio.AbstractEventLoop, method: str, pieces: list[bytes]) -> Reading:
+def _open(
+    loop: asyncio.AbstractEventLoop, kind: type[_Connection] = _Connection
+) -> tuple[H1Pool, Any, _Connection, FakeTransport]:
+    """A pool on ``loop`` with one open connection of ``kind`` on a fake transport."""
     pool = H1Pool(4, Timeout())
     pool.loop = loop
     pool._started = True
     endpoint = pool._endpoint(BASE)
-    conn = _Connection(pool, endpoint)
+    conn = kind(pool, endpoint)
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     pool._all.add(conn)
     pool.open += 1
+    return pool, endpoint, conn, transport
+
+
+def ours(loop: asyncio.AbstractEventLoop, method: str, pieces: list[bytes]) -> Reading:
+    pool, endpoint, conn, transport = _open(loop)
     sink = Sink()
     response = H1Response(conn, sink)
     conn.begin(response, method == "HEAD", 10.0, None)
@@ -309,15 +317,7 @@ def exchanges(
     """Each exchange of ``script`` (method, reads) on one connection of ``kind``: what
     its sink read and whether the connection could be reused after it; the script
     ends where the connection does."""
-    pool = H1Pool(4, Timeout())
-    pool.loop = loop
-    pool._started = True
-    endpoint = pool._endpoint(BASE)
-    conn = kind(pool, endpoint)
-    transport = FakeTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    pool._all.add(conn)
-    pool.open += 1
+    pool, endpoint, conn, transport = _open(loop, kind)
     seen = []
     for method, reads in script:
         sink = Sink()
